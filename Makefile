@@ -1,0 +1,26 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+.PHONY: install demo test protos bench
+install: $(STAMP)
+
+demo: $(STAMP)  ## local stack + traffic, planned vs flat
+	$(BIN)/cacheroute demo
+
+test: $(STAMP)  ## the whole suite: unit, integration (real redis-server), e2e, faults
+	$(BIN)/python -m pytest -q
+
+protos: $(STAMP)  ## regenerate the committed gRPC stubs
+	$(BIN)/python scripts/gen_protos.py
+
+bench: $(STAMP)
+	$(BIN)/python bench/plan_build.py
