@@ -1,0 +1,79 @@
+"""The plan model: an immutable, versioned routing plan (SPEC section 2).
+
+A plan maps each admitted key to the distinct replica indices that serve it. Replica
+indices refer to `replica_ids`. Building (sizing, admission, LPT placement) lives in
+`services.core.planning`; encoding to JSON and protobuf in `services.codec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchDecision:
+    """The keep-or-switch verdict recorded on a candidate (docs/architecture.md)."""
+
+    switch: bool
+    reason: str
+    staleness_penalty: float = 0.0   # prefill seconds per second lost by keeping the active plan
+    rewarm_penalty: float = 0.0      # prefill seconds lost once by re-warming moved keys
+    churn: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowReport:
+    """Shadow replay of a plan against Flat-LB on recorded traffic at matched load."""
+
+    ran: bool = False
+    passed: bool = False
+    reason: str = ""
+    requests: int = 0
+    qps: float = 0.0
+    candidate_hit_rate: float = 0.0
+    flat_hit_rate: float = 0.0
+    candidate_ttft_p99: float = 0.0
+    flat_ttft_p99: float = 0.0
+    candidate_capacity: float = 0.0
+    flat_capacity: float = 0.0
+    margin: float = 0.0
+    active_keys: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    version: int
+    parent_version: int                      # 0: none
+    created_at: float                        # unix seconds (passed in, never read from a clock)
+    replica_ids: tuple[str, ...]
+    q_cap: float
+    warm_slots: int
+    table: Mapping[str, tuple[int, ...]]     # admitted key -> distinct replica indices
+    rates: Mapping[str, float]               # admitted key -> lambda_b used at build time
+    expected_load: tuple[float, ...]         # req/s per replica, cold tail included
+    predicted_imbalance: float               # max/mean of expected_load
+    total_keys: int
+    admitted_keys: int
+    admitted_rate_share: float
+    churn: float | None = None               # vs parent; None without one
+    builder: str = "lpt"                     # "lpt", "incremental", "repair"
+    rates_snapshot_id: str = ""
+    window_seconds: float = 0.0
+    decision: SwitchDecision | None = None
+    shadow: ShadowReport | None = None
+    extra: Mapping[str, object] = field(default_factory=dict)  # free-form figures (JSON-safe)
+
+    def __post_init__(self) -> None:
+        # freeze the mappings so a stored plan cannot be edited in place
+        if not isinstance(self.table, MappingProxyType):
+            object.__setattr__(self, "table", MappingProxyType(dict(self.table)))
+        if not isinstance(self.rates, MappingProxyType):
+            object.__setattr__(self, "rates", MappingProxyType(dict(self.rates)))
+        if not isinstance(self.extra, MappingProxyType):
+            object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+
+    @property
+    def replicas(self) -> int:
+        return len(self.replica_ids)
