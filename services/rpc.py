@@ -1,0 +1,396 @@
+"""Server bootstrap shared by every service.
+
+One place for the cross-cutting parts: configuration common to all services, JSON logs,
+grpc health checking and reflection, the interceptor that maps domain errors to status
+codes, checks bearer tokens on control RPCs and counts RPCs, message-size limits, TLS,
+Prometheus metrics on an HTTP port, and graceful shutdown (health NOT_SERVING, then
+`server.stop(grace)`). Signal handlers only set an event.
+
+Environment variables (flags override them; documented defaults in parentheses):
+  CACHEROUTE_HOST (127.0.0.1)            address to bind
+  CACHEROUTE_METRICS_HOST (127.0.0.1)    Prometheus HTTP bind address
+  CACHEROUTE_AUTH_TOKEN / _FILE          bearer token required on control RPCs (none)
+  CACHEROUTE_TLS_CERT, _TLS_KEY          server certificate and key (PEM files; plaintext if unset)
+  CACHEROUTE_TLS_CLIENT_CA               require client certificates signed by this CA (mTLS)
+  CACHEROUTE_TLS_CA                      CA that clients use to verify servers
+  CACHEROUTE_MAX_MESSAGE_BYTES (8388608) gRPC send/receive limit
+  CACHEROUTE_GRACE_SECONDS (5)           shutdown grace period
+  CACHEROUTE_LOG_LEVEL (INFO)
+Per-service ports come from each service's own flags/env (see its __main__).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import grpc
+import orjson
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+from services.errors import status_for
+
+log = logging.getLogger("cacheroute.rpc")
+
+
+def env(name: str, default: str = "") -> str:
+    return os.environ.get(f"CACHEROUTE_{name}", default)
+
+
+def read_secret(value: str | None, path: str | None) -> str | None:
+    """A secret from its value or from a file (first line). Never logged."""
+    if path:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline().strip() or None
+    return value or None
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None   # server side: require client certs (mTLS)
+    ca: str | None = None          # client side: verify servers with this CA
+
+    @property
+    def server_enabled(self) -> bool:
+        return bool(self.cert and self.key)
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        key, cert = _read(self.key), _read(self.cert)
+        ca = _read(self.client_ca) if self.client_ca else None
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        if not (self.ca or self.server_enabled):
+            return None
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.ca) if self.ca else None,
+            private_key=_read(self.key) if self.key else None,
+            certificate_chain=_read(self.cert) if self.cert else None,
+        )
+
+
+def _read(path: str | None) -> bytes:
+    with open(path, "rb") as fh:  # type: ignore[arg-type]
+        return fh.read()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str
+    host: str = "127.0.0.1"
+    port: int = 0                       # 0: ephemeral
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = -1              # -1: no metrics endpoint, 0: ephemeral
+    auth_token: str | None = field(default=None, repr=False)
+    tls: TLSFiles = TLSFiles()
+    max_message_bytes: int = 8 * 1024 * 1024
+    grace_seconds: float = 5.0
+    log_level: str = "INFO"
+
+
+def add_server_flags(parser: argparse.ArgumentParser, *, default_port: int, default_metrics_port: int) -> None:
+    """Flags every service shares. Defaults come from CACHEROUTE_* env vars, then the given values."""
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default=env("HOST", "127.0.0.1"), help="bind address (env CACHEROUTE_HOST)")
+    g.add_argument("--port", type=int, default=int(env("PORT", str(default_port))),
+                   help=f"gRPC port, 0 = ephemeral (env CACHEROUTE_PORT, default {default_port})")
+    g.add_argument("--metrics-host", default=env("METRICS_HOST", "127.0.0.1"))
+    g.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", str(default_metrics_port))),
+                   help=f"Prometheus port, -1 = off, 0 = ephemeral (env CACHEROUTE_METRICS_PORT, default {default_metrics_port})")
+    g.add_argument("--auth-token-file", default=env("AUTH_TOKEN_FILE") or None,
+                   help="file holding the bearer token for control RPCs (or env CACHEROUTE_AUTH_TOKEN)")
+    g.add_argument("--tls-cert", default=env("TLS_CERT") or None)
+    g.add_argument("--tls-key", default=env("TLS_KEY") or None)
+    g.add_argument("--tls-client-ca", default=env("TLS_CLIENT_CA") or None, help="require client certs (mTLS)")
+    g.add_argument("--tls-ca", default=env("TLS_CA") or None, help="CA for verifying the services this one calls")
+    g.add_argument("--max-message-bytes", type=int, default=int(env("MAX_MESSAGE_BYTES", str(8 * 1024 * 1024))))
+    g.add_argument("--grace-seconds", type=float, default=float(env("GRACE_SECONDS", "5")))
+    g.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+
+
+def server_config(name: str, args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        name=name, host=args.host, port=args.port, metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+        auth_token=read_secret(env("AUTH_TOKEN") or None, args.auth_token_file),
+        tls=TLSFiles(args.tls_cert, args.tls_key, args.tls_client_ca, args.tls_ca),
+        max_message_bytes=args.max_message_bytes, grace_seconds=args.grace_seconds, log_level=args.log_level,
+    )
+
+
+# ---------------------------------------------------------------- logging
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
+                               "service": self.service, "logger": record.name, "msg": record.getMessage()}
+        fields = getattr(record, "fields", None)
+        if fields:
+            doc.update(fields)
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str).decode()
+
+
+def setup_logging(service: str, level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def kv(**fields: Any) -> dict[str, Any]:
+    """`log.info("msg", extra=kv(plan=3))` adds structured fields to a JSON log line."""
+    return {"fields": fields}
+
+
+# ---------------------------------------------------------------- channels
+
+def channel_options(max_message_bytes: int = 8 * 1024 * 1024) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.enable_retries", 0),
+    ]
+
+
+def aio_channel(target: str, tls: TLSFiles | None = None, max_message_bytes: int = 8 * 1024 * 1024) -> grpc.aio.Channel:
+    creds = tls.channel_credentials() if tls else None
+    opts = channel_options(max_message_bytes)
+    return grpc.aio.secure_channel(target, creds, opts) if creds else grpc.aio.insecure_channel(target, opts)
+
+
+# ---------------------------------------------------------------- interceptor
+
+def _bearer(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            return text[7:].strip() if text.lower().startswith("bearer ") else ""
+    return None
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    """Bearer-token check on protected methods, error mapping and RPC metrics for all."""
+
+    def __init__(self, auth_token: str | None, protected: frozenset[str], metrics: "RpcMetrics") -> None:
+        self.auth_token = auth_token
+        self.protected = protected
+        self.metrics = metrics
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        denial = self._check_auth(method, details.invocation_metadata)
+        return _wrap(handler, method, denial, self.metrics)
+
+    def _check_auth(self, method: str, metadata) -> tuple[grpc.StatusCode, str] | None:
+        if not self.auth_token or method.rsplit("/", 1)[-1] not in self.protected:
+            return None
+        token = _bearer(metadata)
+        if token is None:
+            return grpc.StatusCode.UNAUTHENTICATED, "missing bearer token"
+        if not hmac.compare_digest(token.encode(), self.auth_token.encode()):
+            return grpc.StatusCode.PERMISSION_DENIED, "invalid bearer token"
+        return None
+
+
+def _wrap(handler: grpc.RpcMethodHandler, method: str, denial, metrics: "RpcMetrics") -> grpc.RpcMethodHandler:
+    short = method.rsplit("/", 1)[-1]
+
+    async def fail(context, exc: BaseException) -> None:
+        code, message = status_for(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            log.exception("rpc failed", extra=kv(method=short))
+        metrics.count(short, code)
+        await context.abort(code, message)
+
+    async def deny(context) -> None:
+        metrics.count(short, denial[0])
+        await context.abort(*denial)
+
+    kwargs = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+    if handler.unary_unary:
+        inner = handler.unary_unary
+
+        async def unary_unary(request, context):
+            if denial:
+                return await deny(context)
+            start = time.perf_counter()
+            try:
+                response = await inner(request, context)
+            except (grpc.aio.AbortError, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
+                return await fail(context, exc)
+            metrics.observe(short, time.perf_counter() - start)
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, **kwargs)
+    if handler.unary_stream:
+        inner_stream = handler.unary_stream
+
+        async def unary_stream(request, context):
+            if denial:
+                await deny(context)
+                return
+            try:
+                async for item in inner_stream(request, context):
+                    yield item
+            except (grpc.aio.AbortError, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # noqa: BLE001
+                await fail(context, exc)
+                return
+            metrics.count(short, grpc.StatusCode.OK)
+
+        return grpc.unary_stream_rpc_method_handler(unary_stream, **kwargs)
+    if handler.stream_unary:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(request_iterator, context):
+            if denial:
+                return await deny(context)
+            try:
+                response = await inner_su(request_iterator, context)
+            except (grpc.aio.AbortError, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # noqa: BLE001
+                return await fail(context, exc)
+            metrics.count(short, grpc.StatusCode.OK)
+            return response
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
+    return handler  # stream-stream: none in the contract
+
+
+# ---------------------------------------------------------------- metrics
+
+class RpcMetrics:
+    """A per-server Prometheus registry (no global state: several servers may share a process)."""
+
+    def __init__(self, service: str) -> None:
+        self.registry = CollectorRegistry()
+        self.service = service
+        self._calls = Counter("cacheroute_rpc_total", "RPCs by method and status", ["method", "code"], registry=self.registry)
+        self._latency = Histogram("cacheroute_rpc_seconds", "unary RPC latency", ["method"], registry=self.registry,
+                                  buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
+
+    def count(self, method: str, code: grpc.StatusCode) -> None:
+        self._calls.labels(method, code.name).inc()
+
+    def observe(self, method: str, seconds: float) -> None:
+        self._calls.labels(method, "OK").inc()
+        self._latency.labels(method).observe(seconds)
+
+
+# ---------------------------------------------------------------- server
+
+@dataclass
+class RunningServer:
+    config: ServerConfig
+    server: grpc.aio.Server
+    health: health_aio.HealthServicer
+    service_names: tuple[str, ...]
+    port: int
+    metrics: RpcMetrics
+    metrics_port: int | None = None
+    _metrics_http: Any = None
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def wait_for_stop_signal(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._stopping.set)
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass
+        await self._stopping.wait()
+
+    async def stop(self, grace: float | None = None) -> None:
+        await self.set_serving(False)
+        await self.server.stop(self.config.grace_seconds if grace is None else grace)
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+            self._metrics_http = None
+        log.info("stopped", extra=kv(port=self.port))
+
+
+async def start_server(
+    config: ServerConfig,
+    servicers: Iterable[tuple[Callable[[Any, grpc.aio.Server], None], Any]],
+    service_names: Iterable[str],
+    *,
+    protected_methods: Iterable[str] = (),
+    metrics: RpcMetrics | None = None,
+) -> RunningServer:
+    """Start an aio server with health, reflection, the interceptor and (optionally) metrics.
+
+    `servicers` pairs generated `add_XServicer_to_server` functions with servicer objects;
+    `service_names` are their full names (e.g. "cacheroute.v1.Planner");
+    `protected_methods` are method names that need the bearer token when one is configured.
+    """
+    metrics = metrics or RpcMetrics(config.name)
+    names = tuple(service_names)
+    server = grpc.aio.server(
+        interceptors=[ServiceInterceptor(config.auth_token, frozenset(protected_methods), metrics)],
+        options=channel_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
+        maximum_concurrent_rpcs=None,
+    )
+    for add, servicer in servicers:
+        add(servicer, server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection((*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                                         reflection.SERVICE_NAME), server)
+    bind = f"{config.host}:{config.port}"
+    if config.tls.server_enabled:
+        port = server.add_secure_port(bind, config.tls.server_credentials())
+    else:
+        port = server.add_insecure_port(bind)
+    if port == 0:
+        raise OSError(f"cannot bind {bind}")
+    await server.start()
+    running = RunningServer(config, server, health, names, port, metrics)
+    if config.metrics_port >= 0:
+        httpd, _thread = start_http_server(config.metrics_port, addr=config.metrics_host, registry=metrics.registry)
+        running._metrics_http = httpd
+        running.metrics_port = httpd.server_port
+    await running.set_serving(True)
+    log.info("serving", extra=kv(address=running.address, metrics_port=running.metrics_port,
+                                 tls=config.tls.server_enabled, auth=bool(config.auth_token)))
+    return running
