@@ -1,0 +1,101 @@
+"""Tokenization, chained block hashes and key derivation shared by engine and dispatcher."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.core import routing
+from services.core.routing import (
+    cacheable_blocks, check_key, key_from_hashes, key_from_prompt, prompt_hashes, tokenize,
+)
+
+words = st.lists(st.text(alphabet="abcdefgh", min_size=1, max_size=4), min_size=1, max_size=200)
+
+
+def test_token_ids_are_stable_across_processes():
+    code = "from services.core.routing import tokenize; print(tokenize('hello world, again'))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert other.strip() == str(tokenize("hello world, again"))
+    assert all(0 <= t < routing.VOCAB_SIZE for t in tokenize("hello world, again"))
+
+
+def test_tokenize_limit_reads_only_the_first_words():
+    assert tokenize("a b c d", 2) == tokenize("a b")
+    assert tokenize("  a   b  ", None) == tokenize("a b")
+    assert tokenize("", 3) == []
+
+
+@given(words, words)
+def test_equal_hash_means_equal_prefix(a, b):
+    ta, tb = tokenize(" ".join(a)), tokenize(" ".join(b))
+    ha, hb = prompt_hashes(ta), prompt_hashes(tb)
+    for i, (x, y) in enumerate(zip(ha, hb)):
+        same_prefix = ta[: 16 * (i + 1)] == tb[: 16 * (i + 1)]
+        assert (x == y) == same_prefix
+
+
+def test_full_blocks_only_unless_partial():
+    tokens = list(range(40))
+    assert len(prompt_hashes(tokens)) == 2
+    with_partial = prompt_hashes(tokens, partial=True)
+    assert len(with_partial) == 3 and with_partial[:2] == prompt_hashes(tokens)
+
+
+def test_chaining_makes_block_hash_depend_on_its_parents():
+    same_block = list(range(16))
+    assert prompt_hashes([99] * 16 + same_block)[1] != prompt_hashes([7] * 16 + same_block)[1]
+
+
+@pytest.mark.parametrize("hashes,tokens,expected", [
+    ((1, 2, 3), 48, (1, 2, 3)),
+    ((1, 2, 3), 40, (1, 2)),        # last hash covers a partial block
+    ((1,), 100, (1,)),              # the rest of the prompt is unique
+    ((), 5, ()),
+])
+def test_cacheable_blocks(hashes, tokens, expected):
+    assert cacheable_blocks(hashes, tokens) == expected
+
+
+@pytest.mark.parametrize("hashes,tokens", [((1, 2, 3), 32), ((1,), 0)])
+def test_cacheable_blocks_rejects_impossible_prompts(hashes, tokens):
+    with pytest.raises(ValueError):
+        cacheable_blocks(hashes, tokens)
+
+
+def test_text_and_hash_keys_agree_when_tokens_cover_whole_blocks():
+    text = " ".join(f"w{i}" for i in range(300))
+    hashes = prompt_hashes(tokenize(text))
+    assert key_from_prompt(text, 64) == key_from_hashes(hashes, 4)
+    assert key_from_prompt(text, 32) == key_from_hashes(hashes, 2)
+    # only the first tokens matter
+    assert key_from_prompt(text + " tail words", 64) == key_from_prompt(text, 64)
+    assert key_from_prompt("x " + text, 64) != key_from_prompt(text, 64)
+
+
+def test_short_prefixes_use_what_there_is():
+    assert key_from_hashes((5, 6), 4) == format(6, "016x")
+    assert key_from_prompt("just three words", 64) == format(prompt_hashes(tokenize("just three words"), partial=True)[-1], "016x")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: key_from_hashes((), 4),
+    lambda: key_from_hashes((1,), 0),
+    lambda: key_from_prompt("   ", 64),
+    lambda: key_from_prompt("a", 0),
+    lambda: check_key(""),
+    lambda: check_key("k" * 257),
+    lambda: check_key("é" * 129),   # 258 bytes in UTF-8
+])
+def test_invalid_inputs_raise_value_error(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_valid_keys_pass():
+    assert check_key("k" * 256) == "k" * 256
+    assert check_key("é" * 128) == "é" * 128
