@@ -1,0 +1,330 @@
+"""Synthetic, seeded workloads (SPEC section 5).
+
+Key popularity. The paper's key set: 128,824 keys whose rates are log-normal with
+sigma = 1.65 (Gini 0.756, top 4% of keys ~47% of requests, no key above ~0.3%). We place
+the keys at Blom plotting positions of that log-normal (rate_i = exp(1.65 * z_i),
+z_i = Phi^-1((i + 0.625) / (N + 0.25))), a "perfectly typical" sample: Gini 0.756,
+top-4% share 0.459, largest key 0.295%, for every seed. Random draws instead put the
+largest key anywhere between 0.27% and 0.67% depending on the seed. `active_set=K`
+drives traffic from the top-K keys only (paper: K=128 flagship, K=256 wider), their
+rates renormalised to the offered `qps`; within the top 128 the hottest key has ~9x the
+rate of the 128th.
+
+Lengths, chosen once for all policies and documented here, not tuned per policy:
+  shared prefix per key  log-normal, median 3,072 tokens, sigma 0.5, clipped [1,024,
+                         8,192], rounded down to whole 16-token blocks (mean ~3,480)
+  unique suffix          log-normal, median 192 tokens, sigma 0.6, clipped [16, 2,048]
+                         (mean ~230)
+  output                 log-normal, median 192 tokens, sigma 0.7, clipped [8, 1,024]
+The arithmetic (SPEC section 5): the 70B profile caches 14,100 blocks x 16 = 225,600
+tokens per replica. Flat-LB spreads every active key over every replica, so each replica
+would need 128 x 3,480 ~ 445k tokens (2.0x its cache; 4x with K=256) and keeps only the
+hot part of the set; a planned replica serves 128 / 30 ~ 4.3 keys ~ 15k tokens, 7% of
+its cache, leaving room for running requests. The reusable share of prompt tokens is
+~3,480 / 3,710 ~ 94%, the ceiling on any policy's hit rate (paper: CacheRoute 93.2%).
+The 8B profile caches 440k tokens per replica, so Flat-LB's working set there is ~1x
+cache before running requests: partly warm (paper's 8B Flat-LB: 56% hit).
+
+Variants:
+  paper      the above; arrivals Poisson (cv=1) or gamma renewal with coefficient of
+             variation `cv` (paper's burstiness test: 1.9).
+  whale      paper plus `whales` extra keys (default 4) that together carry
+             `whale_share` (default 0.35) of the traffic. At the 8B ablation's 240 QPS
+             each whale runs at 21 req/s, above a per-replica q_cap (500 QPS / 30 ~ 17),
+             so k_b > 1; pinned with k_b = 1 a whale replica carries ~11% of all
+             traffic = 3.3x the mean (paper: +affinity imbalance 3.46x).
+  low-reuse  little recoverable prefix work: prefix median 256 tokens (sigma 0.5,
+             [64, 1,024]), suffix median 2,048 (sigma 0.5, [256, 8,192]); the reusable
+             token share is ~11%, where affinity only buys load skew (paper's 32B
+             negative regime: hit 1.1% -> 11.8% at best).
+  drift      paper whose per-key rates follow a log-normal random walk, sigma = 0.3 per
+             `interval` seconds (default 60; paper: six intervals), renormalised to the
+             offered qps each interval so load stays matched. `epochs` holds the rates.
+
+Block hashes: block i of key b's prefix hashes (workload, key, i) with splitmix64, so
+equal hashes mean equal prefixes, as chained engine hashes do. Requests of one key
+share one `blocks` tuple.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any, Mapping
+
+import numpy as np
+
+from services.core.request import BLOCK_TOKENS, Request
+
+WORKLOADS = ("paper", "whale", "low-reuse", "drift")
+
+PAPER_KEYS = 128_824
+PAPER_SIGMA = 1.65
+MASK63 = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class LengthDist:
+    """A clipped log-normal over token counts."""
+
+    median: float
+    sigma: float
+    low: int
+    high: int
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        x = rng.lognormal(math.log(self.median), self.sigma, size)
+        return np.clip(np.rint(x), self.low, self.high).astype(np.int64)
+
+
+PAPER_PREFIX = LengthDist(3072, 0.5, 1024, 8192)
+PAPER_SUFFIX = LengthDist(192, 0.6, 16, 2048)
+OUTPUT = LengthDist(192, 0.7, 8, 1024)
+LOW_REUSE_PREFIX = LengthDist(256, 0.5, 64, 1024)
+LOW_REUSE_SUFFIX = LengthDist(2048, 0.5, 256, 8192)
+
+
+@dataclass(frozen=True, slots=True)
+class RateEpoch:
+    start: float                      # seconds
+    rates: Mapping[str, float]        # key -> req/s during the epoch
+
+
+@dataclass
+class Workload:
+    name: str
+    qps: float
+    duration: float
+    seed: int
+    requests: list[Request]                 # sorted by arrival
+    keys: tuple[str, ...]                   # keys that can send traffic, hottest first
+    prefix_tokens: dict[str, int]           # key -> shared prefix tokens (multiple of 16)
+    rates: dict[str, float]                 # key -> true mean rate over the run (req/s)
+    epochs: tuple[RateEpoch, ...]           # piecewise-constant true rates
+    knobs: dict[str, Any] = field(default_factory=dict)
+    population_shares: np.ndarray | None = None   # full key population (paper family)
+
+    def rates_at(self, t: float) -> Mapping[str, float]:
+        """True per-key rates in force at time t."""
+        current = self.epochs[0]
+        for epoch in self.epochs:
+            if epoch.start > t:
+                break
+            current = epoch
+        return current.rates
+
+    def describe(self) -> dict[str, Any]:
+        reqs = self.requests
+        prompt = sum(r.prompt_tokens for r in reqs)
+        reusable = sum(r.prefix_tokens for r in reqs)
+        total_rate = sum(self.rates.values()) or 1.0
+        return {
+            "name": self.name,
+            "qps": self.qps,
+            "duration": self.duration,
+            "seed": self.seed,
+            "requests": len(reqs),
+            "keys": len(self.keys),
+            "mean_prefix_tokens": _mean(self.prefix_tokens[r.key] for r in reqs),
+            "mean_prompt_tokens": prompt / len(reqs) if reqs else 0.0,
+            "mean_output_tokens": _mean(r.output_tokens for r in reqs),
+            "reusable_token_share": reusable / prompt if prompt else 0.0,
+            "top_key_share": max(self.rates.values(), default=0.0) / total_rate,
+            "epochs": len(self.epochs),
+            "knobs": dict(self.knobs),
+        }
+
+
+def make_workload(name: str, *, qps: float, duration: float, seed: int, **knobs: Any) -> Workload:
+    """Build a named workload; knobs are per-workload (see the module header)."""
+    if qps <= 0 or duration <= 0:
+        raise ValueError(f"qps and duration must be positive, got qps={qps}, duration={duration}")
+    match name:
+        case "paper":
+            build = _paper
+        case "whale":
+            build = _whale
+        case "low-reuse":
+            build = _low_reuse
+        case "drift":
+            build = _drift
+        case _:
+            raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
+    valid = [p for p in inspect.signature(build).parameters if p not in ("qps", "duration", "seed")]
+    unknown = sorted(set(knobs) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown knob(s) {unknown} for workload {name!r}; valid: {', '.join(valid)}")
+    return build(qps, duration, seed, **knobs)
+
+
+# ---------------------------------------------------------------- variants
+
+def _paper(qps, duration, seed, *, active_set=128, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA):
+    return _keyed("paper", PAPER_PREFIX, PAPER_SUFFIX, qps, duration, seed, active_set, cv, keys, sigma)
+
+
+def _low_reuse(qps, duration, seed, *, active_set=128, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA):
+    return _keyed("low-reuse", LOW_REUSE_PREFIX, LOW_REUSE_SUFFIX, qps, duration, seed, active_set,
+                  cv, keys, sigma)
+
+
+def _keyed(name, prefix, suffix, qps, duration, seed, active_set, cv, keys, sigma):
+    rng = np.random.default_rng(seed)
+    population = lognormal_shares(keys, sigma)
+    active = _active_count(active_set, keys)
+    names = [f"k{i:06d}" for i in range(active)]
+    shares = population[:active] / population[:active].sum()
+    return _stationary(name, qps, duration, seed, rng, names, shares, cv, prefix, suffix,
+                       knobs={"active_set": active, "cv": cv, "keys": keys, "sigma": sigma},
+                       population=population)
+
+
+def _whale(qps, duration, seed, *, whales=4, whale_share=0.35, active_set=128, cv=1.0,
+           keys=PAPER_KEYS, sigma=PAPER_SIGMA):
+    if whales < 1 or not 0.0 < whale_share < 1.0:
+        raise ValueError("whale needs whales >= 1 and 0 < whale_share < 1")
+    rng = np.random.default_rng(seed)
+    population = lognormal_shares(keys, sigma)
+    active = _active_count(active_set, keys)
+    base = population[:active] / population[:active].sum() * (1.0 - whale_share)
+    shares = np.concatenate([np.full(whales, whale_share / whales), base])
+    names = [f"w{i}" for i in range(whales)] + [f"k{i:06d}" for i in range(active)]
+    return _stationary("whale", qps, duration, seed, rng, names, shares, cv, PAPER_PREFIX,
+                       PAPER_SUFFIX,
+                       knobs={"whales": whales, "whale_share": whale_share,
+                              "active_set": active, "cv": cv, "keys": keys, "sigma": sigma},
+                       population=population)
+
+
+def _drift(qps, duration, seed, *, interval=60.0, drift_sigma=0.3, active_set=128, cv=1.0,
+           keys=PAPER_KEYS, sigma=PAPER_SIGMA):
+    if interval <= 0:
+        raise ValueError("drift interval must be positive")
+    rng = np.random.default_rng(seed)
+    population = lognormal_shares(keys, sigma)
+    active = _active_count(active_set, keys)
+    names = [f"k{i:06d}" for i in range(active)]
+    epochs_n = max(1, math.ceil(duration / interval))
+    log_rates = np.log(population[:active])
+    steps = rng.normal(0.0, drift_sigma, size=(epochs_n - 1, active))
+    walk = np.vstack([log_rates, log_rates + np.cumsum(steps, axis=0)]) if epochs_n > 1 else log_rates[None]
+    shares = np.exp(walk - walk.max(axis=1, keepdims=True))
+    shares /= shares.sum(axis=1, keepdims=True)
+
+    prefix = dict(zip(names, _block_align(PAPER_PREFIX.sample(rng, active)).tolist()))
+    arrivals = arrival_times(rng, qps, duration, cv)
+    epoch_of = np.minimum((arrivals // interval).astype(np.int64), epochs_n - 1)
+    key_idx = np.empty(len(arrivals), dtype=np.int64)
+    for j in range(epochs_n):
+        mask = epoch_of == j
+        key_idx[mask] = _draw(rng, shares[j], int(mask.sum()))
+    epochs = tuple(RateEpoch(j * interval, dict(zip(names, (qps * shares[j]).tolist())))
+                   for j in range(epochs_n))
+    lengths = [min(interval, duration - j * interval) for j in range(epochs_n)]
+    mean_shares = (shares * np.array(lengths)[:, None]).sum(axis=0) / duration
+    return _assemble("drift", qps, duration, seed, rng, names, prefix, arrivals, key_idx,
+                     PAPER_SUFFIX, dict(zip(names, (qps * mean_shares).tolist())), epochs,
+                     {"interval": interval, "drift_sigma": drift_sigma, "active_set": active,
+                      "cv": cv, "keys": keys, "sigma": sigma},
+                     population)
+
+
+# ---------------------------------------------------------------- building blocks
+
+def lognormal_shares(n: int, sigma: float) -> np.ndarray:
+    """Request shares of n keys at Blom plotting positions of LogNormal(0, sigma), hottest first."""
+    inv = NormalDist().inv_cdf
+    z = np.array([inv((n - i - 0.375) / (n + 0.25)) for i in range(n)])
+    w = np.exp(sigma * z)
+    return w / w.sum()
+
+
+def gini(shares: np.ndarray) -> float:
+    x = np.sort(np.asarray(shares, dtype=float))
+    n = len(x)
+    cum = np.cumsum(x)
+    return float((n + 1 - 2 * (cum.sum() / cum[-1])) / n)
+
+
+def arrival_times(rng: np.random.Generator, qps: float, duration: float, cv: float = 1.0) -> np.ndarray:
+    """Renewal arrivals on [0, duration): exponential gaps (cv=1) or gamma gaps with that CV."""
+    if cv <= 0:
+        raise ValueError("cv must be positive")
+    shape = 1.0 / (cv * cv)
+    mean_gap = 1.0 / qps
+    chunks, t, expected = [], 0.0, qps * duration
+    while t < duration:
+        n = int(expected + 6 * math.sqrt(expected) * cv + 16)
+        gaps = rng.exponential(mean_gap, n) if cv == 1.0 else rng.gamma(shape, mean_gap / shape, n)
+        times = t + np.cumsum(gaps)
+        chunks.append(times)
+        t = float(times[-1])
+    arrivals = np.concatenate(chunks)
+    return arrivals[arrivals < duration]
+
+
+def block_hashes(namespace: str, key: str, blocks: int) -> tuple[int, ...]:
+    """Stable per-(namespace, key, index) 63-bit block hashes (splitmix64, vectorised)."""
+    salt = int.from_bytes(hashlib.blake2b(f"{namespace}/{key}".encode(), digest_size=8).digest(), "little")
+    with np.errstate(over="ignore"):
+        z = np.uint64(salt) + np.arange(1, blocks + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return tuple(int(v) & MASK63 for v in z.tolist())
+
+
+def _stationary(name, qps, duration, seed, rng, names, shares, cv, prefix_dist, suffix_dist,
+                *, knobs, population):
+    prefix = dict(zip(names, _block_align(prefix_dist.sample(rng, len(names))).tolist()))
+    arrivals = arrival_times(rng, qps, duration, cv)
+    key_idx = _draw(rng, shares, len(arrivals))
+    rates = dict(zip(names, (qps * shares).tolist()))
+    return _assemble(name, qps, duration, seed, rng, names, prefix, arrivals, key_idx,
+                     suffix_dist, rates, (RateEpoch(0.0, rates),), knobs, population)
+
+
+def _assemble(name, qps, duration, seed, rng, names, prefix, arrivals, key_idx, suffix_dist,
+              rates, epochs, knobs, population) -> Workload:
+    n = len(arrivals)
+    suffix = suffix_dist.sample(rng, n).tolist()
+    output = OUTPUT.sample(rng, n).tolist()
+    blocks: dict[str, tuple[int, ...]] = {}
+    requests = []
+    for rid, (t, k, s, o) in enumerate(zip(arrivals.tolist(), key_idx.tolist(), suffix, output)):
+        key = names[k]
+        chain = blocks.get(key)
+        if chain is None:
+            chain = blocks[key] = block_hashes(name, key, prefix[key] // BLOCK_TOKENS)
+        requests.append(Request(rid, t, key, prefix[key] + s, o, chain))
+    return Workload(name, qps, duration, seed, requests, tuple(names), prefix, rates, epochs,
+                    knobs, population)
+
+
+def _draw(rng: np.random.Generator, shares: np.ndarray, n: int) -> np.ndarray:
+    cdf = np.cumsum(shares)
+    idx = np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right")
+    return np.minimum(idx, len(shares) - 1)
+
+
+def _block_align(tokens: np.ndarray) -> np.ndarray:
+    return np.maximum(tokens // BLOCK_TOKENS, 1) * BLOCK_TOKENS
+
+
+def _active_count(active_set: int | None, keys: int) -> int:
+    if active_set is None or active_set == 0:
+        return keys
+    if not 0 < active_set <= keys:
+        raise ValueError(f"active_set must be in 1..{keys}, got {active_set}")
+    return int(active_set)
+
+
+def _mean(values) -> float:
+    total = n = 0
+    for v in values:
+        total += v
+        n += 1
+    return total / n if n else 0.0
