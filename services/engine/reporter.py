@@ -1,0 +1,101 @@
+"""Cache-stat deltas from an engine replica to the collector, off the request path.
+
+Every `interval` seconds the reporter takes the model's cumulative counters, sends the
+difference from the previous report as one CacheStatsBatch (batch id = replica id, boot
+nonce and sequence number, so the collector can drop a replayed batch), and moves on.
+When the collector is down or slow the batch is dropped and counted: the counters are
+aggregates, so a lost delta only costs the planner a little precision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+
+import grpc
+
+from cacheroute.v1 import collector_pb2, collector_pb2_grpc
+from services.core.engine import EngineModel
+from services.rpc import TLSFiles, aio_channel, kv
+
+log = logging.getLogger("cacheroute.engine.reporter")
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+
+    @classmethod
+    def of(cls, model: EngineModel) -> "Counters":
+        return cls(model.requests, model.prompt_tokens, model.cached_tokens)
+
+    def minus(self, other: "Counters") -> "Counters":
+        return Counters(self.requests - other.requests, self.prompt_tokens - other.prompt_tokens,
+                        self.cached_tokens - other.cached_tokens)
+
+
+class CacheStatsReporter:
+    def __init__(self, model: EngineModel, replica_id: str, collector: str, *, interval: float = 1.0,
+                 timeout: float = 2.0, tls: TLSFiles | None = None) -> None:
+        self.model = model
+        self.replica_id = replica_id
+        self.collector = collector
+        self.interval = interval
+        self.timeout = timeout
+        self.sent_batches = 0
+        self.dropped_batches = 0
+        self._tls = tls
+        self._boot = uuid.uuid4().hex[:12]
+        self._seq = 0
+        self._last = Counters.of(model)
+        self._task: asyncio.Task | None = None
+        self._channel: grpc.aio.Channel | None = None
+
+    def start(self) -> None:
+        self._channel = aio_channel(self.collector, self._tls)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="cache-stats-reporter")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.report_once()
+
+    async def report_once(self) -> bool:
+        """Send the delta since the last report (if any). True if the collector took it."""
+        now = Counters.of(self.model)
+        delta = now.minus(self._last)
+        if delta.requests == 0:
+            return True
+        self._last = now
+        self._seq += 1
+        batch = collector_pb2.CacheStatsBatch(
+            batch_id=f"{self.replica_id}-{self._boot}-{self._seq}", source=self.replica_id,
+            stats=[collector_pb2.CacheStat(replica_id=self.replica_id, prompt_tokens=delta.prompt_tokens,
+                                           cached_tokens=delta.cached_tokens, requests=delta.requests)])
+        assert self._channel is not None
+        stub = collector_pb2_grpc.CollectorStub(self._channel)
+        try:
+            await stub.ReportCacheStats(iter([batch]), timeout=self.timeout)
+        except grpc.aio.AioRpcError as err:
+            self.dropped_batches += 1
+            log.warning("cache stats dropped", extra=kv(collector=self.collector, code=err.code().name,
+                                                        dropped=self.dropped_batches))
+            return False
+        self.sent_batches += 1
+        return True
