@@ -1,0 +1,370 @@
+"""Planning core: sizing, admission and LPT placement for one control interval.
+
+The rule (SPEC section 1; CacheRoute paper, arXiv 2608.19677, section 3):
+
+  sizing     k_b = max(1, ceil(lambda_b / q_cap)), the distinct replicas key b needs so that
+             none carries more than q_cap of it. We also cap k_b at R: a key cannot use more
+             distinct replicas than exist, so a key hotter than R * q_cap gets all R (and the
+             overload shows in the predicted imbalance instead of an impossible table row).
+  admission  keys by lambda desc (ties: key ascending, so a build is deterministic); admit
+             greedily while sum k_b <= C = R * W. A key that does not fit is skipped and the
+             scan continues (the paper's variant). Zero-rate keys are never admitted.
+             Everything not admitted is the cold tail.
+  placement  LPT: every replica starts at the cold-tail load sum_cold lambda / R; each admitted
+             key, in admission order, gets the k_b least-loaded distinct replicas (ties: lowest
+             index) and adds lambda_b / k_b to each.
+
+Knobs: the replica set (R), q_cap (req/s one replica carries at the latency knee), W (warm
+slots per replica). Output: a `Plan` with the table, per-replica expected load (sums to the
+total rate) and predicted imbalance max/mean.
+
+Speed (the control path rebuilds every interval): admission is vectorised. Sizes are
+non-increasing along the admission order, so after the first key that does not fit only keys
+with k_b <= the remaining budget can fit, and they form a suffix found by binary search; each
+skip strictly lowers the k_b level, so the scan is a few cumsum/searchsorted passes. Rate ties
+only need key order inside tie groups that reach the admitted region (equal rates mean equal
+k_b, so how many of a group are admitted does not depend on their order). Placement is a
+binary heap over R replicas, touched only by admitted keys. The result equals the plain heapq
+transcription of the paper's pseudocode in bench/plan_build.py bit for bit: the cold-tail sum
+is correctly rounded (`exact_sum`, equal to math.fsum there, so independent of summation order)
+and every replica load is accumulated in the same order as there.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from services.core.plan import Plan
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+
+def check_inputs(keys: Sequence[str], rates: np.ndarray, replica_ids: Sequence[str], q_cap: float,
+                 warm_slots: int) -> None:
+    """Raise ValueError (one line) for inputs the planner cannot use."""
+    if len(replica_ids) < 1:
+        raise ValueError("need at least one replica (R >= 1)")
+    if len(set(replica_ids)) != len(replica_ids):
+        raise ValueError(f"duplicate replica id {_first_duplicate(replica_ids)!r}")
+    if not _is_real(q_cap) or not math.isfinite(q_cap) or q_cap <= 0:
+        raise ValueError(f"q_cap must be a finite number > 0, got {q_cap!r}")
+    if not _is_real(warm_slots) or not math.isfinite(warm_slots) or int(warm_slots) != warm_slots \
+            or warm_slots < 1:
+        raise ValueError(f"warm_slots must be an integer >= 1, got {warm_slots!r}")
+    if rates.ndim != 1 or len(rates) != len(keys):
+        raise ValueError(f"got {len(keys)} keys but {rates.size} rates")
+    bad = ~np.isfinite(rates) | (rates < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"rate of key {keys[i]!r} must be finite and >= 0, got {rates[i]!r}")
+    unique = set(keys)
+    if len(unique) != len(keys):
+        raise ValueError(f"duplicate key {_first_duplicate(keys)!r}")
+    if "" in unique:
+        raise ValueError("empty key")
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _first_duplicate(items: Sequence[str]) -> str:
+    seen: set[str] = set()
+    for item in items:
+        if item in seen:
+            return item
+        seen.add(item)
+    raise AssertionError("no duplicate")
+
+
+# ---------------------------------------------------------------------------------------------
+# the three steps
+
+
+def size_keys(rates: np.ndarray, q_cap: float, replicas: int) -> np.ndarray:
+    """k_b = min(R, max(1, ceil(lambda_b / q_cap))) as int64 (zero-rate keys get 1)."""
+    with np.errstate(over="ignore"):  # a ratio that overflows to inf is capped at R anyway
+        k = np.ceil(np.asarray(rates, dtype=np.float64) / q_cap)
+    return np.clip(k, 1, replicas).astype(np.int64)
+
+
+def admit(keys: Sequence[str], rates: np.ndarray, sizes: np.ndarray, budget: int) -> np.ndarray:
+    """Indices of the admitted keys, in admission (= placement) order: rate desc, key asc."""
+    positive = int(np.count_nonzero(rates > 0))
+    head = min(positive, 2 * budget + 64)  # the scan almost always ends this early
+    while True:
+        order = _top_order(rates, head, positive)
+        sorted_rates = rates[order]
+        mask, used = _scan_budget(sizes[order], budget)
+        if not mask.any():
+            return order[:0]
+        last = int(np.flatnonzero(mask)[-1])
+        # a partial sort is enough once the budget is spent and the last admitted key's tie
+        # group lies wholly inside the head (keys outside it rate <= sorted_rates[-1])
+        if head == positive or (used == budget and sorted_rates[last] > sorted_rates[-1]):
+            break
+        head = positive
+    _order_ties_by_key(order, sorted_rates, last, keys)
+    return order[mask]
+
+
+def _top_order(rates: np.ndarray, head: int, positive: int) -> np.ndarray:
+    """Indices of the `head` largest rates, rate desc (tie order arbitrary)."""
+    neg = -rates
+    if head < positive:
+        top = np.argpartition(neg, head - 1)[:head]
+        return top[np.argsort(neg[top])]
+    return np.argsort(neg)[:positive]
+
+
+def _scan_budget(k: np.ndarray, budget: int) -> tuple[np.ndarray, int]:
+    """Greedy skip-and-continue admission over non-increasing sizes `k`: (mask, slots used)."""
+    n = len(k)
+    mask = np.zeros(n, dtype=bool)
+    csum = np.cumsum(k)
+    neg_k = -k  # non-decreasing, for binary search of the first k <= x
+    start, used = 0, 0
+    while start < n and used < budget:
+        base = int(csum[start - 1]) if start else 0
+        end = int(np.searchsorted(csum, budget - used + base, side="right"))
+        mask[start:end] = True
+        if end > start:
+            used += int(csum[end - 1]) - base
+        remaining = budget - used
+        if end >= n or remaining <= 0:
+            break
+        # key `end` did not fit; the next one that can is the first with k <= remaining
+        start = max(end + 1, int(np.searchsorted(neg_k, -remaining, side="left")))
+    return mask, used
+
+
+def _order_ties_by_key(order: np.ndarray, sorted_rates: np.ndarray, last: int, keys: Sequence[str]) -> None:
+    """Sort, in place, each run of equal rates in `order` that starts at or before `last` by key."""
+    span = sorted_rates[: last + 2]
+    ties = span[1:] == span[:-1]
+    if not ties.any():
+        return
+    n = len(sorted_rates)
+    boundaries = np.flatnonzero(sorted_rates[1:] != sorted_rates[:-1]) + 1
+    starts = np.concatenate(([0], boundaries))
+    ends = np.concatenate((boundaries, [n]))
+    wanted = (starts <= last) & (ends - starts > 1)
+    for s, e in zip(starts[wanted].tolist(), ends[wanted].tolist()):
+        order[s:e] = sorted(order[s:e].tolist(), key=keys.__getitem__)
+
+
+def place_lpt(rates: Sequence[float], sizes: Sequence[int], replicas: int,
+              cold_load: float) -> tuple[list[tuple[int, ...]], list[float]]:
+    """LPT over keys given in placement order: (replica indices per key, ascending; loads)."""
+    heap = [(cold_load, i) for i in range(replicas)]  # equal loads, ascending index: a heap
+    rows: list[tuple[int, ...]] = []
+    replace, pop, push = heapq.heapreplace, heapq.heappop, heapq.heappush
+    for lam, k in zip(rates, sizes):
+        if k == 1:
+            load, i = heap[0]
+            replace(heap, (load + lam, i))
+            rows.append((i,))
+            continue
+        share = lam / k
+        picked = [pop(heap) for _ in range(k)]
+        for load, i in picked:
+            push(heap, (load + share, i))
+        rows.append(tuple(sorted(i for _, i in picked)))
+    loads = [0.0] * replicas
+    for load, i in heap:
+        loads[i] = load
+    return rows, loads
+
+
+def imbalance(loads: Sequence[float]) -> float:
+    """max/mean of per-replica load; 1.0 when there is no load at all."""
+    total = math.fsum(loads)
+    if total <= 0:
+        return 1.0
+    return max(loads) * len(loads) / total
+
+
+# ---------------------------------------------------------------------------------------------
+# the builder
+
+
+def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica_ids: Sequence[str],
+               q_cap: float, warm_slots: int, *, version: int = 1, parent: Plan | None = None,
+               created_at: float = 0.0, rates_snapshot_id: str = "", window_seconds: float = 0.0) -> Plan:
+    """Size, admit and place (module header). `churn` is filled in when `parent` is given."""
+    keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+    rate_arr = np.asarray(rates, dtype=np.float64)
+    check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots)
+    replicas = len(replica_ids)
+    sizes = size_keys(rate_arr, q_cap, replicas)
+    chosen = admit(keys, rate_arr, sizes, replicas * int(warm_slots))
+    chosen_rates = rate_arr[chosen]
+    total = float(rate_arr.sum())
+    admitted_rate = float(chosen_rates.sum())
+    cold_load = _cold_load(rate_arr, chosen, replicas)
+    rows, loads = place_lpt(chosen_rates.tolist(), sizes[chosen].tolist(), replicas, cold_load)
+    chosen_keys = [keys[i] for i in chosen.tolist()]
+    plan = Plan(
+        version=version,
+        parent_version=parent.version if parent is not None else 0,
+        created_at=created_at,
+        replica_ids=tuple(replica_ids),
+        q_cap=float(q_cap),
+        warm_slots=int(warm_slots),
+        table=dict(zip(chosen_keys, rows)),
+        rates=dict(zip(chosen_keys, chosen_rates.tolist())),
+        expected_load=tuple(loads),
+        predicted_imbalance=imbalance(loads),
+        total_keys=len(keys),
+        admitted_keys=len(chosen_keys),
+        admitted_rate_share=admitted_rate / total if total > 0 else 0.0,
+        builder="lpt",
+        rates_snapshot_id=rates_snapshot_id,
+        window_seconds=float(window_seconds),
+    )
+    return with_churn(plan, parent)
+
+
+def _cold_load(rates: np.ndarray, chosen: np.ndarray, replicas: int) -> float:
+    cold = np.ones(len(rates), dtype=bool)
+    cold[chosen] = False
+    return exact_sum(rates[cold]) / replicas
+
+
+_MANTISSA = 2.0**53
+_HALF = 26
+
+
+def exact_sum(values: np.ndarray) -> float:
+    """The correctly rounded sum of finite float64 values, i.e. exactly `math.fsum`, vectorised.
+
+    Each x is m * 2**(e - 53) with an integer |m| < 2**53 (frexp). Splitting m into 27- and
+    26-bit halves lets per-exponent float bincounts stay exact (sums < 2**53 for up to 2**26
+    values); Python ints then add the buckets exactly and int / int rounds correctly once.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) == 0:
+        return 0.0
+    if len(x) > 2**_HALF:
+        return math.fsum(x.tolist())
+    frac, exp = np.frexp(x)
+    low_exp = int(exp.min())
+    bucket = exp - low_exp
+    frac *= _MANTISSA                           # now an integer-valued float below 2**53
+    hi = np.floor(frac * 2.0**-_HALF)           # exact: scaling by powers of two
+    frac -= hi * 2.0**_HALF                     # the low 26 bits, exact
+    hi_sum = np.bincount(bucket, weights=hi)
+    lo_sum = np.bincount(bucket, weights=frac)
+    total = 0
+    for shift in np.flatnonzero((hi_sum != 0) | (lo_sum != 0)).tolist():
+        total += ((int(hi_sum[shift]) << _HALF) + int(lo_sum[shift])) << shift
+    scale = low_exp - 53
+    if scale >= 0:
+        return float(total << scale)
+    return total / (1 << -scale)
+
+
+def with_churn(plan: Plan, parent: Plan | None) -> Plan:
+    """`plan` with churn (and parent_version) set against `parent`; unchanged without one."""
+    if parent is None:
+        return plan
+    from dataclasses import replace
+
+    return replace(plan, parent_version=parent.version, churn=plan_diff(parent, plan).churn)
+
+
+# ---------------------------------------------------------------------------------------------
+# comparing plans
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMove:
+    """One key of the new plan whose replica-id set differs from the old plan's."""
+
+    key: str
+    rate: float                      # lambda_b in the new plan
+    old: tuple[str, ...]             # replica ids before (empty: newly admitted)
+    new: tuple[str, ...]             # replica ids after
+
+
+@dataclass(frozen=True, slots=True)
+class PlanDiff:
+    """Churn between two plans, compared by replica id (SPEC section 6).
+
+    churn = moved_rate / admitted_rate, where admitted_rate is the new plan's admitted rate and
+    moved_rate the part of it whose replica-id set differs from the old plan's (a newly admitted
+    key counts as moved: its replicas must warm up).
+    """
+
+    churn: float
+    moved_rate: float
+    admitted_rate: float
+    keys_kept: int                   # in both, same replica-id set
+    keys_moved: int                  # in both, different set
+    keys_added: int                  # admitted now, not before
+    keys_removed: int                # admitted before, not now
+    moves: tuple[KeyMove, ...]       # moved and added keys, rate desc then key
+    removed: tuple[str, ...]         # sorted
+
+    def summary(self, top: int = 10) -> dict[str, object]:
+        """JSON-safe figures plus the `top` heaviest moves."""
+        return {
+            "churn": self.churn,
+            "moved_rate": self.moved_rate,
+            "admitted_rate": self.admitted_rate,
+            "keys_kept": self.keys_kept,
+            "keys_moved": self.keys_moved,
+            "keys_added": self.keys_added,
+            "keys_removed": self.keys_removed,
+            "top_moves": [{"key": m.key, "rate": m.rate, "old": list(m.old), "new": list(m.new)}
+                          for m in self.moves[:top]],
+        }
+
+
+def replica_names(plan: Plan, key: str) -> tuple[str, ...]:
+    """The replica ids serving `key` in `plan`, sorted; empty when the key is cold."""
+    row = plan.table.get(key)
+    if row is None:
+        return ()
+    return tuple(sorted(plan.replica_ids[i] for i in row))
+
+
+def plan_diff(old: Plan, new: Plan) -> PlanDiff:
+    moves: list[KeyMove] = []
+    kept = moved = added = 0
+    moved_parts: list[float] = []
+    for key, rate in new.rates.items():
+        before = replica_names(old, key)
+        after = replica_names(new, key)
+        if before == after:
+            kept += 1
+            continue
+        if before:
+            moved += 1
+        else:
+            added += 1
+        moved_parts.append(rate)
+        moves.append(KeyMove(key, rate, before, after))
+    moves.sort(key=lambda m: (-m.rate, m.key))
+    removed = tuple(sorted(k for k in old.table if k not in new.table))
+    admitted_rate = math.fsum(new.rates.values())
+    moved_rate = math.fsum(moved_parts)
+    return PlanDiff(
+        churn=moved_rate / admitted_rate if admitted_rate > 0 else 0.0,
+        moved_rate=moved_rate,
+        admitted_rate=admitted_rate,
+        keys_kept=kept,
+        keys_moved=moved,
+        keys_added=added,
+        keys_removed=len(removed),
+        moves=tuple(moves),
+        removed=removed,
+    )
