@@ -1,0 +1,240 @@
+"""Plan codecs: `Plan` <-> JSON plan files (orjson) and <-> `cacheroute.v1.Plan` protobuf.
+
+Plan file (JSON object, `format` = "cacheroute.plan/1"): every `Plan` field under its own
+name, with `replicas` holding the replica ids and `table` mapping key -> list of replica
+indices into `replicas`; `decision` and `shadow` are objects or null; `churn` is null without
+a parent. Floats round-trip exactly (orjson writes the shortest repr).
+
+Protobuf: one PlanEntry (key, replica indices, rate) per admitted key in table order; the
+build inputs go in PlanInputs. `extra` has no wire field and is dropped; `churn` travels as
+`has_parent` + `churn` (has_parent is true exactly when the plan carries a churn figure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import orjson
+
+from cacheroute.v1 import common_pb2
+from services.core.plan import Plan, ShadowReport, SwitchDecision
+
+FORMAT = "cacheroute.plan/1"
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": plan.version,
+        "parent_version": plan.parent_version,
+        "created_at": plan.created_at,
+        "replicas": list(plan.replica_ids),
+        "q_cap": plan.q_cap,
+        "warm_slots": plan.warm_slots,
+        "table": {key: list(row) for key, row in plan.table.items()},
+        "rates": dict(plan.rates),
+        "expected_load": list(plan.expected_load),
+        "predicted_imbalance": plan.predicted_imbalance,
+        "total_keys": plan.total_keys,
+        "admitted_keys": plan.admitted_keys,
+        "admitted_rate_share": plan.admitted_rate_share,
+        "churn": plan.churn,
+        "builder": plan.builder,
+        "rates_snapshot_id": plan.rates_snapshot_id,
+        "window_seconds": plan.window_seconds,
+        "decision": dataclasses.asdict(plan.decision) if plan.decision is not None else None,
+        "shadow": dataclasses.asdict(plan.shadow) if plan.shadow is not None else None,
+        "extra": dict(plan.extra),
+    }
+
+
+def plan_from_dict(data: Mapping[str, Any]) -> Plan:
+    """Decode a plan-file object; ValueError (one line) when it is not a valid plan."""
+    if not isinstance(data, Mapping):
+        raise ValueError("plan file must hold a JSON object")
+    if data.get("format", FORMAT) != FORMAT:
+        raise ValueError(f"unsupported plan format {data.get('format')!r}, expected {FORMAT!r}")
+    try:
+        replica_ids = tuple(str(r) for r in data["replicas"])
+        table = {str(k): tuple(int(i) for i in row) for k, row in data["table"].items()}
+        rates = {str(k): float(v) for k, v in data.get("rates", {}).items()}
+        plan = Plan(
+            version=int(data["version"]),
+            parent_version=int(data.get("parent_version", 0)),
+            created_at=float(data.get("created_at", 0.0)),
+            replica_ids=replica_ids,
+            q_cap=float(data["q_cap"]),
+            warm_slots=int(data["warm_slots"]),
+            table=table,
+            rates=rates,
+            expected_load=tuple(float(x) for x in data["expected_load"]),
+            predicted_imbalance=float(data["predicted_imbalance"]),
+            total_keys=int(data.get("total_keys", len(table))),
+            admitted_keys=int(data.get("admitted_keys", len(table))),
+            admitted_rate_share=float(data.get("admitted_rate_share", 0.0)),
+            churn=None if data.get("churn") is None else float(data["churn"]),
+            builder=str(data.get("builder", "lpt")),
+            rates_snapshot_id=str(data.get("rates_snapshot_id", "")),
+            window_seconds=float(data.get("window_seconds", 0.0)),
+            decision=None if data.get("decision") is None else SwitchDecision(**data["decision"]),
+            shadow=None if data.get("shadow") is None else ShadowReport(**data["shadow"]),
+            extra=dict(data.get("extra") or {}),
+        )
+    except KeyError as exc:
+        raise ValueError(f"plan file is missing field {exc.args[0]!r}") from None
+    except (TypeError, AttributeError) as exc:
+        raise ValueError(f"plan file has a malformed field: {exc}") from None
+    check_plan(plan)
+    return plan
+
+
+def check_plan(plan: Plan) -> None:
+    """Structural checks a decoded plan must pass (ValueError, one line)."""
+    n = len(plan.replica_ids)
+    if n < 1:
+        raise ValueError("plan has no replicas")
+    if len(set(plan.replica_ids)) != n:
+        raise ValueError("plan has duplicate replica ids")
+    if len(plan.expected_load) != n:
+        raise ValueError(f"plan has {len(plan.expected_load)} expected loads for {n} replicas")
+    for key, row in plan.table.items():
+        if not row or len(set(row)) != len(row) or not all(0 <= i < n for i in row):
+            raise ValueError(f"plan row for key {key!r} is not a set of distinct replica indices < {n}: {list(row)}")
+    if set(plan.rates) - set(plan.table):
+        raise ValueError("plan has rates for keys outside its table")
+    if not all(math.isfinite(x) for x in plan.expected_load):
+        raise ValueError("plan has a non-finite expected load")
+
+
+def plan_to_json(plan: Plan) -> bytes:
+    return orjson.dumps(plan_to_dict(plan))
+
+
+def plan_from_json(data: bytes | str) -> Plan:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    return plan_from_dict(obj)
+
+
+def write_plan_file(path: str | os.PathLike[str], plan: Plan) -> None:
+    """Write atomically (temp file + rename), so a reader never sees half a plan."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(plan_to_json(plan))
+    os.replace(tmp, path)
+
+
+def read_plan_file(path: str | os.PathLike[str]) -> Plan:
+    """Read a plan file; OSError when unreadable, ValueError when not a valid plan."""
+    return plan_from_json(Path(path).read_bytes())
+
+
+# ---------------------------------------------------------------------------------------------
+# protobuf
+
+
+def decision_to_proto(decision: SwitchDecision) -> common_pb2.SwitchDecision:
+    return common_pb2.SwitchDecision(**dataclasses.asdict(decision))
+
+
+def decision_from_proto(msg: common_pb2.SwitchDecision) -> SwitchDecision:
+    return SwitchDecision(switch=msg.switch, reason=msg.reason, staleness_penalty=msg.staleness_penalty,
+                          rewarm_penalty=msg.rewarm_penalty, churn=msg.churn)
+
+
+def shadow_to_proto(report: ShadowReport) -> common_pb2.ShadowReport:
+    return common_pb2.ShadowReport(**dataclasses.asdict(report))
+
+
+def shadow_from_proto(msg: common_pb2.ShadowReport) -> ShadowReport:
+    return ShadowReport(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(ShadowReport)})
+
+
+def plan_to_proto(plan: Plan) -> common_pb2.Plan:
+    msg = common_pb2.Plan(
+        version=plan.version,
+        parent_version=plan.parent_version,
+        created_at=plan.created_at,
+        inputs=common_pb2.PlanInputs(rates_snapshot_id=plan.rates_snapshot_id, replica_ids=plan.replica_ids,
+                                     q_cap=plan.q_cap, warm_slots=plan.warm_slots,
+                                     window_seconds=plan.window_seconds),
+        expected_load=plan.expected_load,
+        predicted_imbalance=plan.predicted_imbalance,
+        total_keys=plan.total_keys,
+        admitted_keys=plan.admitted_keys,
+        admitted_rate_share=plan.admitted_rate_share,
+        churn=plan.churn or 0.0,
+        has_parent=plan.churn is not None,
+        builder=plan.builder,
+    )
+    rates = plan.rates
+    msg.table.extend(common_pb2.PlanEntry(key=key, replicas=row, rate=rates.get(key, 0.0))
+                     for key, row in plan.table.items())
+    if plan.decision is not None:
+        msg.decision.CopyFrom(decision_to_proto(plan.decision))
+    if plan.shadow is not None:
+        msg.shadow.CopyFrom(shadow_to_proto(plan.shadow))
+    return msg
+
+
+def plan_from_proto(msg: common_pb2.Plan) -> Plan:
+    """Decode; ValueError (one line) when the message is not a valid plan."""
+    table = {entry.key: tuple(entry.replicas) for entry in msg.table}
+    if len(table) != len(msg.table):
+        raise ValueError("plan message repeats a key")
+    plan = Plan(
+        version=msg.version,
+        parent_version=msg.parent_version,
+        created_at=msg.created_at,
+        replica_ids=tuple(msg.inputs.replica_ids),
+        q_cap=msg.inputs.q_cap,
+        warm_slots=msg.inputs.warm_slots,
+        table=table,
+        rates={entry.key: entry.rate for entry in msg.table},
+        expected_load=tuple(msg.expected_load),
+        predicted_imbalance=msg.predicted_imbalance,
+        total_keys=msg.total_keys,
+        admitted_keys=msg.admitted_keys,
+        admitted_rate_share=msg.admitted_rate_share,
+        churn=msg.churn if msg.has_parent else None,
+        builder=msg.builder,
+        rates_snapshot_id=msg.inputs.rates_snapshot_id,
+        window_seconds=msg.inputs.window_seconds,
+        decision=decision_from_proto(msg.decision) if msg.HasField("decision") else None,
+        shadow=shadow_from_proto(msg.shadow) if msg.HasField("shadow") else None,
+    )
+    check_plan(plan)
+    return plan
+
+
+def plan_summary(plan: Plan, active: bool = False, pinned: bool = False) -> common_pb2.PlanSummary:
+    """A plan without its table, for listings."""
+    msg = common_pb2.PlanSummary(
+        version=plan.version,
+        parent_version=plan.parent_version,
+        created_at=plan.created_at,
+        replicas=plan.replicas,
+        total_keys=plan.total_keys,
+        admitted_keys=plan.admitted_keys,
+        admitted_rate_share=plan.admitted_rate_share,
+        predicted_imbalance=plan.predicted_imbalance,
+        churn=plan.churn or 0.0,
+        builder=plan.builder,
+        active=active,
+        pinned=pinned,
+    )
+    if plan.decision is not None:
+        msg.decision.CopyFrom(decision_to_proto(plan.decision))
+    if plan.shadow is not None:
+        msg.shadow.CopyFrom(shadow_to_proto(plan.shadow))
+    return msg
