@@ -1253,3 +1253,24 @@ def open_store(url: str, *, telemetry: TelemetryConfig | None = None, prefix: st
     if url.startswith("memory://"):
         return MemoryStore(telemetry)
     return RedisStore(url, prefix=prefix, telemetry=telemetry)
+
+
+def add_store_flags(parser) -> None:
+    """Flags for reaching the store, shared by the planner and the collector (which must agree
+    on the telemetry bucketing). Defaults from env vars."""
+    from services.rpc import env
+
+    g = parser.add_argument_group("store")
+    g.add_argument("--redis", default=env("REDIS_URL", "redis://127.0.0.1:6379/0"),
+                   help="Redis URL, or memory:// for an in-process store "
+                        "(env CACHEROUTE_REDIS_URL, default redis://127.0.0.1:6379/0)")
+    g.add_argument("--key-prefix", default=env("KEY_PREFIX", "cr"),
+                   help="prefix of every Redis key (env CACHEROUTE_KEY_PREFIX, default cr)")
+    g.add_argument("--bucket-seconds", type=float, default=float(env("BUCKET_SECONDS", "10")),
+                   help="telemetry bucket width (env CACHEROUTE_BUCKET_SECONDS, default 10)")
+    g.add_argument("--retention-seconds", type=float, default=float(env("RETENTION_SECONDS", "3600")),
+                   help="telemetry retention (env CACHEROUTE_RETENTION_SECONDS, default 3600)")
+
+
+def telemetry_from_args(args) -> TelemetryConfig:
+    return TelemetryConfig(bucket_seconds=args.bucket_seconds, retention_seconds=args.retention_seconds)

@@ -1,0 +1,1 @@
+"""Collector service: ingests per-key arrivals and per-replica cache counters into the store."""

@@ -1,0 +1,237 @@
+"""Telemetry ingestion: per-record validation and a bounded write pipeline.
+
+Validation keeps the valid records of a batch and counts the rest (with the first
+rejection's one-line reason). Writes go through one bounded queue shared by every stream:
+stream readers block on a full queue (backpressure on the gRPC stream, so memory stays
+bounded whatever the number of clients), and a few writer tasks drain it, coalescing up to
+`max_coalesce` queued arrival batches into one store round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import AsyncIterable, Callable
+
+from services.errors import Unavailable
+from services.rpc import kv
+from services.store import ArrivalRecord, CacheStatRecord, Store
+
+log = logging.getLogger("cacheroute.collector")
+
+MAX_KEY_BYTES = 256
+FUTURE_SLACK_SECONDS = 60.0
+MAX_COUNT = 2**53  # beyond this a float sum of counts would lose integers
+
+
+def arrival_problem(key: str, t: float, prompt_tokens: int, prefix_tokens: int, *, now: float,
+                    retention_seconds: float) -> str | None:
+    """Why an arrival record is invalid, or None if it is fine."""
+    if not key:
+        return "empty key"
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "key is not valid UTF-8"
+    if size > MAX_KEY_BYTES:
+        return f"key is {size} bytes (max {MAX_KEY_BYTES})"
+    if not math.isfinite(t):
+        return f"time is {t}"
+    if t > now + FUTURE_SLACK_SECONDS:
+        return f"time {t:.3f} is more than {FUTURE_SLACK_SECONDS:g}s in the future"
+    if t < now - retention_seconds:
+        return f"time {t:.3f} is older than the {retention_seconds:g}s retention"
+    for name, value in (("prompt_tokens", prompt_tokens), ("prefix_tokens", prefix_tokens)):
+        if not 0 <= value < MAX_COUNT:
+            return f"{name} {value} out of range"
+    return None
+
+
+def cache_stat_problem(replica_id: str, prompt_tokens: int, cached_tokens: int, requests: int) -> str | None:
+    """Why a cache-counter record is invalid, or None if it is fine."""
+    if not replica_id:
+        return "empty replica_id"
+    if len(replica_id.encode("utf-8", "replace")) > MAX_KEY_BYTES or "|" in replica_id:
+        return "replica_id too long or contains '|'"
+    for name, value in (("prompt_tokens", prompt_tokens), ("cached_tokens", cached_tokens), ("requests", requests)):
+        if not 0 <= value < MAX_COUNT:
+            return f"{name} {value} out of range"
+    if cached_tokens > prompt_tokens:
+        return f"cached_tokens {cached_tokens} > prompt_tokens {prompt_tokens}"
+    return None
+
+
+@dataclass
+class Tally:
+    """One stream's counts; writers update it as its batches land."""
+
+    batches: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    duplicate_batches: int = 0
+    first_rejection: str = ""
+    error: Exception | None = None
+    pending: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def reject(self, where: str, reason: str) -> None:
+        self.rejected += 1
+        if not self.first_rejection:
+            self.first_rejection = f"{where}: {reason}"
+
+    def landed(self, records: int, counted: bool) -> None:
+        if counted:
+            self.accepted += records
+        else:
+            self.duplicate_batches += 1
+
+    def done_one(self) -> None:
+        self.pending -= 1
+        if self.pending == 0:
+            self._idle.set()
+
+    async def wait(self) -> None:
+        if self.pending:
+            self._idle.clear()
+            await self._idle.wait()
+        if self.error is not None:
+            raise self.error
+
+
+@dataclass(slots=True)
+class _Item:
+    kind: str                                  # "arrivals" | "cache"
+    batch_id: str
+    records: list
+    tally: Tally
+    now: float = 0.0
+
+
+@dataclass
+class IngestCounters:
+    """Callbacks for metrics (no-ops by default, so the pipeline is testable alone)."""
+
+    events: Callable[[int], None] = lambda n: None
+    rejected: Callable[[str, int], None] = lambda kind, n: None
+    duplicates: Callable[[str], None] = lambda kind: None
+
+
+class Ingestor:
+    def __init__(self, store: Store, *, queue_size: int = 64, writers: int = 2, max_coalesce: int = 16,
+                 clock: Callable[[], float], counters: IngestCounters | None = None) -> None:
+        if queue_size < 1 or writers < 1 or max_coalesce < 1:
+            raise ValueError("queue_size, writers and max_coalesce must be >= 1")
+        self.store = store
+        self.queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=queue_size)
+        self.writers = writers
+        self.max_coalesce = max_coalesce
+        self.clock = clock
+        self.counters = counters or IngestCounters()
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._write_loop(), name=f"collector-writer-{i}") for i in range(self.writers)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    # ---- stream side
+
+    async def ingest_arrivals(self, batches: AsyncIterable) -> Tally:
+        """Validate and queue every ArrivalBatch of a stream; return once all have landed."""
+        retention = self.store.telemetry.retention_seconds
+        tally = Tally()
+        async for batch in batches:
+            if tally.error is not None:
+                break
+            tally.batches += 1
+            now = self.clock()
+            good = []
+            for i, a in enumerate(batch.arrivals):
+                problem = arrival_problem(a.key, a.time, a.prompt_tokens, a.prefix_tokens, now=now,
+                                          retention_seconds=retention)
+                if problem is None:
+                    good.append(ArrivalRecord(a.key, a.time, a.prompt_tokens, a.prefix_tokens))
+                else:
+                    tally.reject(f"batch {batch.batch_id or tally.batches} arrival {i}", problem)
+            self.counters.rejected("arrival", len(batch.arrivals) - len(good))
+            if good:
+                await self._put(_Item("arrivals", batch.batch_id, good, tally))
+        await tally.wait()
+        return tally
+
+    async def ingest_cache_stats(self, batches: AsyncIterable) -> Tally:
+        tally = Tally()
+        async for batch in batches:
+            if tally.error is not None:
+                break
+            tally.batches += 1
+            good = []
+            for i, s in enumerate(batch.stats):
+                problem = cache_stat_problem(s.replica_id, s.prompt_tokens, s.cached_tokens, s.requests)
+                if problem is None:
+                    good.append(CacheStatRecord(s.replica_id, s.prompt_tokens, s.cached_tokens, s.requests))
+                else:
+                    tally.reject(f"batch {batch.batch_id or tally.batches} stat {i}", problem)
+            self.counters.rejected("cache", len(batch.stats) - len(good))
+            if good:
+                await self._put(_Item("cache", batch.batch_id, good, tally, self.clock()))
+        await tally.wait()
+        return tally
+
+    async def _put(self, item: _Item) -> None:
+        item.tally.pending += 1
+        await self.queue.put(item)   # blocks while the writers are behind: backpressure
+
+    # ---- writer side
+
+    def _take_more(self, first: _Item) -> list[_Item]:
+        """The first item plus whatever else is queued, up to max_coalesce: one round trip."""
+        items = [first]
+        while len(items) < self.max_coalesce:
+            try:
+                items.append(self.queue.get_nowait())
+            except asyncio.QueueEmpty:
+                break
+        return items
+
+    async def _write_loop(self) -> None:
+        while True:
+            items = self._take_more(await self.queue.get())
+            try:
+                await self._write(items)
+            except Unavailable as exc:
+                for it in items:
+                    it.tally.error = exc
+                log.warning("telemetry write failed", extra=kv(error=str(exc), batches=len(items)))
+            except Exception as exc:  # noqa: BLE001 - reported on the stream, logged here
+                for it in items:
+                    it.tally.error = exc
+                log.exception("telemetry write failed")
+            finally:
+                for it in items:
+                    self.queue.task_done()
+                    it.tally.done_one()
+
+    async def _write(self, items: list[_Item]) -> None:
+        arrivals = [it for it in items if it.kind == "arrivals"]
+        if arrivals:
+            flags = await self.store.record_arrival_batches([(it.batch_id, it.records) for it in arrivals])
+            for it, counted in zip(arrivals, flags):
+                self._landed(it, counted)
+        for it in items:
+            if it.kind == "cache":
+                self._landed(it, await self.store.record_cache_stats(it.batch_id, it.records, now=it.now))
+
+    def _landed(self, it: _Item, counted: bool) -> None:
+        it.tally.landed(len(it.records), counted)
+        if counted:
+            if it.kind == "arrivals":
+                self.counters.events(len(it.records))
+        else:
+            self.counters.duplicates(it.kind)
