@@ -445,6 +445,12 @@ class Store(abc.ABC):
         """Remove the pin (no-op without one)."""
 
     @abc.abstractmethod
+    async def prune_plans(self, keep: int) -> int:
+        """Delete stored versions beyond the `keep` newest, except the active, the pinned and
+        any version named in the activation history (so rollback targets survive). Returns
+        how many were deleted. Atomic with respect to activation."""
+
+    @abc.abstractmethod
     def subscribe(self) -> "Subscription":
         """A subscription to PlanEvents published from now on (`async with` it)."""
 
@@ -634,6 +640,29 @@ redis.call('SET', KEYS[1], ARGV[1])
 return 'ok'
 """
 
+_PRUNE_LUA = """
+-- KEYS: index, active, pinned, history, plan key prefix, summary key prefix. ARGV: keep
+local old = redis.call('ZREVRANGE', KEYS[1], tonumber(ARGV[1]), -1)
+if #old == 0 then return 0 end
+local protect = {}
+protect[redis.call('GET', KEYS[2]) or '0'] = true
+protect[redis.call('GET', KEYS[3]) or '0'] = true
+for _, row in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+  local h = cjson.decode(row)
+  protect[tostring(h['version'])] = true
+  protect[tostring(h['previous'])] = true
+end
+local n = 0
+for _, v in ipairs(old) do
+  if not protect[v] then
+    redis.call('DEL', KEYS[5] .. v, KEYS[6] .. v)
+    redis.call('ZREM', KEYS[1], v)
+    n = n + 1
+  end
+end
+return n
+"""
+
 _ACQUIRE_LUA = """
 -- KEYS: lease, fence.  ARGV: holder, ttl_ms
 local holder = redis.call('HGET', KEYS[1], 'holder')
@@ -686,6 +715,7 @@ class RedisStore(Store):
         self._activate = r.register_script(_ACTIVATE_LUA)
         self._set_mode = r.register_script(_SET_MODE_LUA)
         self._pin = r.register_script(_PIN_LUA)
+        self._prune = r.register_script(_PRUNE_LUA)
         self._acquire = r.register_script(_ACQUIRE_LUA)
         self._renew = r.register_script(_RENEW_LUA)
 
@@ -893,6 +923,13 @@ class RedisStore(Store):
         async with self._guard():
             await self._redis.delete(self._p("pinned"))
         return await self.get_control()
+
+    async def prune_plans(self, keep: int) -> int:
+        # Plan keys are derived inside the script from prefixes; all share the {plans} tag.
+        keys = [self._p("index"), self._p("active"), self._p("pinned"), self._p("history"), self._p("plan:"),
+                self._p("summary:")]
+        async with self._guard():
+            return int(await self._prune(keys=keys, args=[max(0, keep)]))
 
     def subscribe(self) -> "Subscription":
         return _RedisSubscription(self)
@@ -1184,6 +1221,15 @@ class MemoryStore(Store):
         self._check()
         self._pinned = 0
         return await self.get_control()
+
+    async def prune_plans(self, keep: int) -> int:
+        self._check()
+        protect = {self._active, self._pinned} | {h.version for h in self._history} | {h.previous for h in self._history}
+        old = sorted(self._plans, reverse=True)[max(0, keep):]
+        doomed = [v for v in old if v not in protect]
+        for v in doomed:
+            del self._plans[v], self._summaries[v]
+        return len(doomed)
 
     def subscribe(self) -> "Subscription":
         return _MemorySubscription(self)

@@ -310,3 +310,19 @@ def test_redis_restart_reconnects_on_next_call(redis_server):
 
     with RedisProcess() as server:
         assert asyncio.run(scenario(server)) is Mode.PLANNED   # a fresh process: default mode
+
+
+def test_prune_keeps_newest_active_pinned_and_history(make_store):
+    async def scenario(store):
+        for v in range(1, 9):
+            await store.put_plan(plan(v))
+        await store.activate(2, expected=0, now=T0)
+        await store.activate(3, expected=2, now=T0)
+        await store.pin(3)
+        deleted = await store.prune_plans(keep=2)
+        again = await store.prune_plans(keep=2)
+        return deleted, again, [p.version for p in await store.list_plans(100)]
+
+    deleted, again, left = run(make_store, scenario)
+    assert (deleted, again) == (4, 0)          # 1, 4, 5, 6 go
+    assert left == [8, 7, 3, 2]
