@@ -1,0 +1,195 @@
+"""`cacheroute serve dispatcher` / `python -m services.dispatcher`: a stateless dispatcher.
+
+Environment variables (flags override them):
+  CACHEROUTE_REPLICAS ("")                  engine replicas, id=host:port,... (required)
+  CACHEROUTE_PLANNER ("")                   planner address for WatchPlans (off if empty)
+  CACHEROUTE_REDIS_URL ("")                 Redis for the fallback plan read (off if empty)
+  CACHEROUTE_COLLECTOR ("")                 collector for arrival telemetry (off if empty)
+  CACHEROUTE_DISPATCHER_ID (dispatcher-0)   source id in telemetry and status
+  CACHEROUTE_KEY_BLOCKS (4)                 key = chained hash of the first N prefix blocks
+  CACHEROUTE_KEY_TOKENS (64)                key = hash of the first N prompt tokens
+  CACHEROUTE_COLD (p2c)                     cold-tail policy: p2c or chwbl
+  CACHEROUTE_POLL_INTERVAL (0.25)           replica health/stats poll period, seconds
+  CACHEROUTE_POLL_TIMEOUT (0.2)             deadline of each poll RPC, seconds
+  CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
+  CACHEROUTE_TELEMETRY_CAPACITY (100000)    buffered arrivals before new ones are dropped
+  CACHEROUTE_MAX_BATCH (10000)              RouteBatch requests per call
+  CACHEROUTE_SEED ("")                      P2C seed (random if empty)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from cacheroute.v1 import dispatcher_pb2_grpc
+from services.dispatcher.monitor import ReplicaMonitor
+from services.dispatcher.plans import PlanFeed
+from services.dispatcher.router import Replica, Router, parse_replicas
+from services.dispatcher.servicer import DispatcherServicer, KeyRules
+from services.dispatcher.telemetry import ArrivalReporter
+from services.rpc import (
+    RpcMetrics, RunningServer, ServerConfig, add_server_flags, env, kv, server_config, setup_logging, start_server,
+)
+
+log = logging.getLogger("cacheroute.dispatcher")
+SERVICE = "cacheroute.v1.Dispatcher"
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    server: ServerConfig
+    replicas: tuple[Replica, ...]
+    dispatcher_id: str = "dispatcher-0"
+    planner: str = ""
+    redis_url: str = ""
+    collector: str = ""
+    rules: KeyRules = KeyRules()
+    cold: str = "p2c"
+    poll_interval: float = 0.25
+    poll_timeout: float = 0.2
+    telemetry_interval: float = 0.5
+    telemetry_capacity: int = 100_000
+    plan_backoff_max: float = 5.0
+    seed: int | None = None
+
+
+class RouterMetrics:
+    """Prometheus view of the router, read at scrape time (nothing on the request path)."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def collect(self):
+        r = self.router
+        routed = CounterMetricFamily("cacheroute_dispatcher_routed", "requests routed, by reason", labels=["reason"])
+        for name, value in (("planned", r.counts[1]), ("cold", r.counts[2]), ("fallback", r.counts[3])):
+            routed.add_metric([name], value)
+        yield routed
+        yield GaugeMetricFamily("cacheroute_dispatcher_plan_version", "active plan version (0: none)", r.plan_version)
+        yield GaugeMetricFamily("cacheroute_dispatcher_flat_mode", "1 in flat-fallback mode", int(r.flat))
+        yield CounterMetricFamily("cacheroute_dispatcher_telemetry_dropped", "arrivals not delivered to the collector",
+                                  r.telemetry_dropped)
+        healthy = GaugeMetricFamily("cacheroute_dispatcher_replica_healthy", "1 if the replica is healthy", labels=["replica"])
+        load = GaugeMetricFamily("cacheroute_dispatcher_replica_load", "load signal (engine queue + recent routes)",
+                                 labels=["replica"])
+        for i, rid in enumerate(r.ids):
+            healthy.add_metric([rid], int(r.state.healthy[i]))
+            load.add_metric([rid], r.state.in_flight[i])
+        yield healthy
+        yield load
+
+
+class DispatcherService:
+    """One dispatcher in this event loop: `await start()`, then `await stop()`."""
+
+    def __init__(self, config: DispatcherConfig) -> None:
+        self.config = config
+        self.router = Router(config.replicas, seed=config.seed, cold=config.cold,
+                             telemetry_capacity=config.telemetry_capacity)
+        tls = config.server.tls
+        self.monitor = ReplicaMonitor(self.router, interval=config.poll_interval, timeout=config.poll_timeout, tls=tls)
+        self.store = None
+        if config.redis_url:
+            from services.store import RedisStore
+            self.store = RedisStore(config.redis_url)
+        self.feed = PlanFeed(self.router, planner=config.planner, store=self.store, tls=tls,
+                             backoff_max=config.plan_backoff_max, seed=config.seed)
+        self.reporter = (ArrivalReporter(self.router, config.collector, config.dispatcher_id,
+                                         interval=config.telemetry_interval, tls=tls)
+                         if config.collector else None)
+        self.running: RunningServer | None = None
+
+    @property
+    def address(self) -> str:
+        assert self.running is not None
+        return self.running.address
+
+    async def start(self) -> "DispatcherService":
+        await self.monitor.start()
+        await self.feed.start()
+        metrics = RpcMetrics("dispatcher")
+        metrics.registry.register(RouterMetrics(self.router))
+        servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id)
+        self.running = await start_server(self.config.server,
+                                          [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
+                                          [SERVICE], metrics=metrics)
+        if self.reporter is not None:
+            self.reporter.start()
+        log.info("dispatcher ready", extra=kv(id=self.config.dispatcher_id, replicas=len(self.router.ids),
+                                              healthy=sum(self.router.state.healthy),
+                                              plan_version=self.router.plan_version, source=self.router.plan_source))
+        return self
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self.running is not None:
+            await self.running.stop(grace)
+        await self.feed.stop()
+        if self.reporter is not None:
+            await self.reporter.stop()
+        await self.monitor.stop()
+        if self.store is not None:
+            await self.store.close()
+
+
+async def serve(config: DispatcherConfig) -> DispatcherService:
+    return await DispatcherService(config).start()
+
+
+def parse_args(argv: list[str] | None) -> DispatcherConfig:
+    parser = argparse.ArgumentParser(prog="cacheroute serve dispatcher", description="A stateless dispatcher.",
+                                     epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_flags(parser, default_port=50053, default_metrics_port=9153)
+    g = parser.add_argument_group("dispatcher")
+    g.add_argument("--replicas", default=env("REPLICAS"), help="id=host:port,... (env CACHEROUTE_REPLICAS)")
+    g.add_argument("--planner", default=env("PLANNER"), help="planner address (env CACHEROUTE_PLANNER)")
+    g.add_argument("--redis", default=env("REDIS_URL"), help="Redis URL for the fallback plan read (env CACHEROUTE_REDIS_URL)")
+    g.add_argument("--collector", default=env("COLLECTOR"), help="collector address (env CACHEROUTE_COLLECTOR)")
+    g.add_argument("--dispatcher-id", default=env("DISPATCHER_ID", "dispatcher-0"), help="(env CACHEROUTE_DISPATCHER_ID)")
+    g.add_argument("--key-blocks", type=int, default=int(env("KEY_BLOCKS", "4")), help="(env CACHEROUTE_KEY_BLOCKS, default 4)")
+    g.add_argument("--key-tokens", type=int, default=int(env("KEY_TOKENS", "64")), help="(env CACHEROUTE_KEY_TOKENS, default 64)")
+    g.add_argument("--cold", default=env("COLD", "p2c"), choices=("p2c", "chwbl"), help="(env CACHEROUTE_COLD)")
+    g.add_argument("--poll-interval", type=float, default=float(env("POLL_INTERVAL", "0.25")))
+    g.add_argument("--poll-timeout", type=float, default=float(env("POLL_TIMEOUT", "0.2")))
+    g.add_argument("--telemetry-interval", type=float, default=float(env("TELEMETRY_INTERVAL", "0.5")))
+    g.add_argument("--telemetry-capacity", type=int, default=int(env("TELEMETRY_CAPACITY", "100000")))
+    g.add_argument("--max-batch", type=int, default=int(env("MAX_BATCH", "10000")))
+    g.add_argument("--seed", type=int, default=int(env("SEED")) if env("SEED") else None)
+    args = parser.parse_args(argv)
+    try:
+        replicas = parse_replicas(args.replicas or "")
+    except ValueError as exc:
+        parser.error(f"--replicas: {exc}")
+    if args.key_blocks < 1 or args.key_tokens < 1:
+        parser.error("--key-blocks and --key-tokens must be >= 1")
+    if not (0 < args.poll_timeout and 0 < args.poll_interval):
+        parser.error("--poll-interval and --poll-timeout must be > 0")
+    return DispatcherConfig(
+        server=server_config("dispatcher", args), replicas=replicas, dispatcher_id=args.dispatcher_id,
+        planner=args.planner, redis_url=args.redis, collector=args.collector,
+        rules=KeyRules(blocks=args.key_blocks, tokens=args.key_tokens, max_batch=args.max_batch),
+        cold=args.cold, poll_interval=args.poll_interval, poll_timeout=args.poll_timeout,
+        telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity, seed=args.seed)
+
+
+async def _run(config: DispatcherConfig) -> None:
+    service = await serve(config)
+    assert service.running is not None
+    await service.running.wait_for_stop_signal()
+    await service.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    setup_logging("dispatcher", config.server.log_level)
+    asyncio.run(_run(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Replica health and load polling for the dispatcher.
+
+Every `interval` seconds (default 0.25, so ~4×/s) each replica gets a grpc health check
+and a GetStats call, both with a short deadline (default 0.2 s), concurrently. A replica
+is healthy when the health service says SERVING and the stats call succeeds; otherwise it
+leaves T(b) and P2C at once (the policy skips unhealthy replicas), so a dead or hung
+replica is out within interval + timeout < 1 s and back after its first good poll. A
+proxied stream that fails with UNAVAILABLE marks its replica down immediately too
+(`mark_down`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cacheroute.v1 import engine_pb2, engine_pb2_grpc
+from services.dispatcher.router import Router
+from services.rpc import TLSFiles, aio_channel, kv
+
+log = logging.getLogger("cacheroute.dispatcher.monitor")
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+class ReplicaMonitor:
+    def __init__(self, router: Router, *, interval: float = 0.25, timeout: float = 0.2,
+                 tls: TLSFiles | None = None) -> None:
+        self.router = router
+        self.interval = interval
+        self.timeout = timeout
+        self._tls = tls
+        self.channels: list[grpc.aio.Channel] = []
+        self.engines: list[engine_pb2_grpc.EngineStub] = []
+        self._health: list[health_pb2_grpc.HealthStub] = []
+        self._task: asyncio.Task | None = None
+
+    def open(self) -> None:
+        for replica in self.router.replicas:
+            channel = aio_channel(replica.address, self._tls)
+            self.channels.append(channel)
+            self.engines.append(engine_pb2_grpc.EngineStub(channel))
+            self._health.append(health_pb2_grpc.HealthStub(channel))
+
+    async def start(self) -> None:
+        if not self.channels:
+            self.open()
+        await self.poll_once()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for channel in self.channels:
+            await channel.close()
+        self.channels.clear()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self.poll_once()
+            await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self._poll(i) for i in range(len(self.router.replicas))))
+
+    async def _poll(self, i: int) -> None:
+        router = self.router
+        marker = router.poll_sent(i)
+        try:
+            health, stats = await asyncio.gather(
+                self._health[i].Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout),
+                self.engines[i].GetStats(engine_pb2.GetStatsRequest(), timeout=self.timeout))
+        except grpc.aio.AioRpcError as err:
+            self._set(i, False, err.code().name)
+            return
+        if health.status != SERVING:
+            self._set(i, False, "NOT_SERVING")
+            return
+        router.stats_received(i, marker, stats.waiting, stats.running, stats.kv_usage, stats)
+        self._set(i, True, "OK")
+
+    def mark_down(self, i: int, why: str) -> None:
+        self._set(i, False, why)
+
+    def _set(self, i: int, healthy: bool, why: str) -> None:
+        if self.router.set_healthy(i, healthy):
+            replica = self.router.replicas[i]
+            log.log(logging.INFO if healthy else logging.WARNING, "replica %s", "up" if healthy else "down",
+                    extra=kv(replica=replica.id, address=replica.address, reason=why))

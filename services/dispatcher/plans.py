@@ -1,0 +1,131 @@
+"""Where the dispatcher's active plan comes from.
+
+1. The planner's WatchPlans stream (include_table): an initial push, then every
+   activation, rollback or mode change. Source "watch".
+2. When the planner is unreachable (or none is configured): the active plan and mode read
+   from Redis through the store, re-read on every retry round. Source "redis".
+3. When both are down: keep routing with the last good plan and mode.
+The planner is retried with exponential backoff and jitter (`backoff_min` .. `backoff_max`);
+a watch that ends normally (its long deadline, a planner restart) reconnects at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import grpc
+
+from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
+from services import codec
+from services.dispatcher.router import Router
+from services.errors import ServiceError
+from services.rpc import TLSFiles, aio_channel, kv
+from services.store import Mode, Store
+
+log = logging.getLogger("cacheroute.dispatcher.plans")
+
+
+class PlanFeed:
+    def __init__(self, router: Router, *, planner: str = "", store: Store | None = None,
+                 backoff_min: float = 0.1, backoff_max: float = 5.0, watch_seconds: float = 600.0,
+                 tls: TLSFiles | None = None, max_message_bytes: int = 64 * 1024 * 1024,
+                 seed: int | None = None) -> None:
+        self.router = router
+        self.planner = planner
+        self.store = store
+        self.backoff_min = backoff_min
+        self.backoff_max = backoff_max
+        self.watch_seconds = watch_seconds
+        self.updates = 0
+        self._tls = tls
+        self._max_message_bytes = max_message_bytes
+        self._rng = random.Random(seed)
+        self._first = asyncio.Event()
+        self._channel: grpc.aio.Channel | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self, wait: float = 1.0) -> None:
+        """Start following plans; wait up to `wait` seconds for the first one (or a miss)."""
+        if self.planner:
+            self._channel = aio_channel(self.planner, self._tls, self._max_message_bytes)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="plan-feed")
+        try:
+            await asyncio.wait_for(self._first.wait(), wait)
+        except asyncio.TimeoutError:
+            log.warning("no plan source answered yet", extra=kv(planner=self.planner, wait=wait))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            if self._channel is not None and await self._watch():
+                failures = 0
+                continue
+            await self._read_store()
+            self._first.set()           # the first attempt is over, whatever it found
+            delay = min(self.backoff_max, self.backoff_min * 2 ** failures)
+            failures = min(failures + 1, 30)
+            await asyncio.sleep(self._rng.uniform(delay / 2, delay))
+
+    async def _watch(self) -> bool:
+        """Follow the planner until the stream ends. True if it delivered at least one update."""
+        assert self._channel is not None
+        stub = planner_pb2_grpc.PlannerStub(self._channel)
+        got = False
+        call = stub.WatchPlans(planner_pb2.WatchPlansRequest(include_table=True), timeout=self.watch_seconds)
+        try:
+            async for update in call:
+                self._apply_update(update)
+                got = True
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not got:
+                log.warning("planner watch failed", extra=kv(planner=self.planner, code=err.code().name,
+                                                             detail=err.details()))
+        except ValueError as exc:   # an undecodable plan: keep the last good one
+            log.error("bad plan from the planner", extra=kv(planner=self.planner, error=str(exc)))
+        finally:
+            call.cancel()
+        return got
+
+    def _apply_update(self, update: planner_pb2.PlanUpdate) -> None:
+        plan = codec.plan_from_proto(update.plan) if update.active_version else None
+        self._install(plan, update.mode == common_pb2.MODE_FLAT, "watch", update.event)
+
+    async def _read_store(self) -> None:
+        if self.store is None:
+            return
+        try:
+            control = await self.store.get_control()
+            flat = control.mode == Mode.FLAT
+            if control.active_version == self.router.plan_version and self.router.plan_source != "none":
+                if flat != self.router.flat or self.router.plan_source != "redis":
+                    self._install(self.router.plan, flat, "redis", "mode")
+                return
+            plan = await self.store.get_plan(control.active_version) if control.active_version else None
+        except (ServiceError, ValueError, OSError) as exc:
+            log.warning("store read failed; keeping the last plan",
+                        extra=kv(error=str(exc), plan_version=self.router.plan_version))
+            return
+        self._install(plan, flat, "redis", "read")
+
+    def _install(self, plan, flat: bool, source: str, event: str) -> None:
+        before = (self.router.plan_version, self.router.flat)
+        self.router.set_plan(plan, flat=flat, source=source)
+        self.updates += 1
+        self._first.set()
+        if before != (self.router.plan_version, flat):
+            log.info("plan installed", extra=kv(version=self.router.plan_version, flat=flat, source=source,
+                                                event=event, keys=len(plan.table) if plan else 0))

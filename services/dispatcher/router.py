@@ -1,0 +1,168 @@
+"""The dispatcher's routing state: replicas, load signals, the active plan, counters.
+
+The decision itself is the `cacheroute` policy (services.core.policies.cacheroute): an
+admitted key goes to the least-loaded healthy member of T(b) (PLANNED), a cold key to
+power-of-two choices (COLD), everything P2C in flat mode (FALLBACK). This class keeps
+the policy's `ClusterState` current and counts what it did; it does no I/O.
+
+Load signal (`ClusterState.in_flight`): each replica's queue as the engine last reported
+it (waiting + running, polled ~4×/s) plus the requests this dispatcher routed there since
+that poll was sent, which the engine could not have seen yet. Without the second term,
+every request between two polls would see the same loads and pile onto one replica.
+
+Plans reference replicas by id; the dispatcher's replica order comes from its own
+configuration, so a plan is re-indexed on arrival. Members the dispatcher does not know
+are dropped; a key left with none is cold.
+
+Hot path: `route(key)` does one policy pick, a few list updates and one append to a
+bounded telemetry buffer; no allocation beyond the tuple it appends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+from services.core.plan import Plan
+from services.core.policies import make_policy
+from services.core.policy import ClusterState, Pick, Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    id: str
+    address: str
+
+
+def parse_replicas(text: str) -> tuple[Replica, ...]:
+    """`id=host:port,id=host:port` -> replicas; ValueError on a malformed or duplicate entry."""
+    out: list[Replica] = []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        rid, sep, address = item.partition("=")
+        if not sep or not rid.strip() or not address.strip():
+            raise ValueError(f"replica {item!r} is not id=host:port")
+        out.append(Replica(rid.strip(), address.strip()))
+    if not out:
+        raise ValueError("no replicas configured")
+    ids = [r.id for r in out]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicate replica id in {text!r}")
+    return tuple(out)
+
+
+class _Probe:
+    """The one field the cacheroute policy reads from a request, reused across calls
+    (building a frozen Request per call would cost more than the decision)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self) -> None:
+        self.key = ""
+
+
+class Router:
+    def __init__(self, replicas: Sequence[Replica], *, seed: int | None = None, cold: str = "p2c",
+                 telemetry_capacity: int = 100_000) -> None:
+        self.replicas = tuple(replicas)
+        self.ids = tuple(r.id for r in self.replicas)
+        self._index = {rid: i for i, rid in enumerate(self.ids)}
+        n = len(self.replicas)
+        self.policy = make_policy("cacheroute", n, seed=seed if seed is not None else 0, cold=cold)
+        self.state = ClusterState.empty(n)
+        self.state.healthy[:] = [False] * n          # until the first health poll says otherwise
+        self.engine_load = [0] * n                   # waiting + running at the last stats poll
+        self.recent = [0] * n                        # routed since that poll was sent
+        self.outstanding = [0] * n                   # proxied Generate streams open now
+        self.routed_to = [0] * n
+        self.engine_stats: list[object | None] = [None] * n
+        self.plan: Plan | None = None
+        self.plan_version = 0
+        self.flat = False
+        self.plan_source = "none"
+        self.counts = [0, 0, 0, 0]                   # by Reason value; [0] unused
+        self.telemetry_capacity = telemetry_capacity
+        self.telemetry: list[tuple[str, float, int, int]] = []
+        self.telemetry_dropped = 0
+        self._probe = _Probe()
+
+    # ------------------------------------------------------------ the decision
+
+    def route(self, key: str, now: float, prompt_tokens: int = 0, prefix_tokens: int = 0) -> Pick:
+        """Pick a replica for `key` and account for it. NoHealthyReplica when none is healthy."""
+        probe = self._probe
+        probe.key = key
+        pick = self.policy.pick(probe, self.state)   # type: ignore[arg-type]
+        i = pick.replica
+        self.state.in_flight[i] += 1
+        self.recent[i] += 1
+        self.routed_to[i] += 1
+        self.counts[pick.reason] += 1
+        buf = self.telemetry
+        if len(buf) < self.telemetry_capacity:
+            buf.append((key, now, prompt_tokens, prefix_tokens))
+        else:
+            self.telemetry_dropped += 1
+        return pick
+
+    @property
+    def routed(self) -> int:
+        return self.counts[Reason.PLANNED] + self.counts[Reason.COLD] + self.counts[Reason.FALLBACK]
+
+    def drain_telemetry(self) -> list[tuple[str, float, int, int]]:
+        buf, self.telemetry = self.telemetry, []
+        return buf
+
+    # ------------------------------------------------------------ plan and mode
+
+    def set_plan(self, plan: Plan | None, *, flat: bool, source: str) -> None:
+        """Install the active plan (None: none) and mode, from the planner ("watch") or Redis ("redis")."""
+        local = self.reindex(plan) if plan is not None else None
+        self.policy.set_plan(local)
+        self.policy.set_flat_fallback(flat)   # type: ignore[attr-defined]
+        self.plan = plan
+        self.plan_version = plan.version if plan is not None else 0
+        self.flat = flat
+        self.plan_source = source
+
+    def reindex(self, plan: Plan) -> Plan:
+        if tuple(plan.replica_ids) == self.ids:
+            return plan
+        index = self._index
+        moved = [index.get(rid, -1) for rid in plan.replica_ids]
+        table: dict[str, tuple[int, ...]] = {}
+        for key, members in plan.table.items():
+            local = tuple(moved[m] for m in members if moved[m] >= 0)
+            if local:
+                table[key] = local
+        return dataclasses.replace(plan, replica_ids=self.ids, table=table)
+
+    # ------------------------------------------------------------ load and health
+
+    def poll_sent(self, i: int) -> int:
+        """A stats poll to replica i is leaving; returns the marker to hand to `stats_received`."""
+        return self.recent[i]
+
+    def stats_received(self, i: int, marker: int, waiting: int, running: int, kv_usage: float, stats: object) -> None:
+        self.recent[i] = max(0, self.recent[i] - marker)
+        self.engine_load[i] = waiting + running
+        self.state.in_flight[i] = self.engine_load[i] + self.recent[i]
+        self.state.kv_usage[i] = kv_usage
+        self.engine_stats[i] = stats
+
+    def set_healthy(self, i: int, healthy: bool) -> bool:
+        """Mark replica i; True if that changed its health."""
+        changed = self.state.healthy[i] != healthy
+        self.state.healthy[i] = healthy
+        return changed
+
+    def index_of(self, replica_id: str) -> int:
+        return self._index[replica_id]
+
+    def stream_opened(self, i: int) -> None:
+        self.outstanding[i] += 1
+
+    def stream_closed(self, i: int) -> None:
+        self.outstanding[i] -= 1

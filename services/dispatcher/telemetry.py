@@ -1,0 +1,94 @@
+"""Arrival telemetry from a dispatcher to the collector, off the request path.
+
+`Router.route` appends (key, time, prompt tokens, prefix tokens) to a bounded buffer
+(full: the arrival is dropped and counted). Every `interval` seconds this task drains the
+buffer and sends it as ArrivalBatch messages of at most `batch_size` arrivals on one
+client-streaming ReportArrivals call with a deadline. Batch ids are dispatcher id, boot
+nonce and a sequence number, so the collector ignores a replay. When the collector is
+down or slow the drained arrivals are dropped and counted; routing never waits on this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import grpc
+
+from cacheroute.v1 import collector_pb2, collector_pb2_grpc
+from services.dispatcher.router import Router
+from services.rpc import TLSFiles, aio_channel, kv
+
+log = logging.getLogger("cacheroute.dispatcher.telemetry")
+
+
+class ArrivalReporter:
+    def __init__(self, router: Router, collector: str, source: str, *, interval: float = 0.5,
+                 batch_size: int = 5000, timeout: float = 2.0, tls: TLSFiles | None = None) -> None:
+        self.router = router
+        self.collector = collector
+        self.source = source
+        self.interval = interval
+        self.batch_size = batch_size
+        self.timeout = timeout
+        self.sent_arrivals = 0
+        self.sent_batches = 0
+        self._tls = tls
+        self._boot = uuid.uuid4().hex[:12]
+        self._seq = 0
+        self._channel: grpc.aio.Channel | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._channel = aio_channel(self.collector, self._tls)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="arrival-reporter")
+
+    async def stop(self, flush: bool = True) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if flush and self._channel is not None:
+            await self.flush()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.flush()
+
+    def _batches(self, arrivals: list[tuple[str, float, int, int]]) -> list[collector_pb2.ArrivalBatch]:
+        out = []
+        for start in range(0, len(arrivals), self.batch_size):
+            self._seq += 1
+            batch = collector_pb2.ArrivalBatch(batch_id=f"{self.source}-{self._boot}-{self._seq}", source=self.source)
+            batch.arrivals.extend(
+                collector_pb2.Arrival(key=k, time=t, prompt_tokens=p, prefix_tokens=x)
+                for k, t, p, x in arrivals[start:start + self.batch_size])
+            out.append(batch)
+        return out
+
+    async def flush(self) -> bool:
+        """Send what the router buffered. True if the collector took it (or there was nothing)."""
+        arrivals = self.router.drain_telemetry()
+        if not arrivals:
+            return True
+        batches = self._batches(arrivals)
+        assert self._channel is not None
+        stub = collector_pb2_grpc.CollectorStub(self._channel)
+        try:
+            await stub.ReportArrivals(iter(batches), timeout=self.timeout)
+        except grpc.aio.AioRpcError as err:
+            self.router.telemetry_dropped += len(arrivals)
+            log.warning("arrivals dropped", extra=kv(collector=self.collector, code=err.code().name,
+                                                     arrivals=len(arrivals), dropped=self.router.telemetry_dropped))
+            return False
+        self.sent_arrivals += len(arrivals)
+        self.sent_batches += len(batches)
+        return True
