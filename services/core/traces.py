@@ -72,7 +72,8 @@ def load_mooncake(path: str, *, qps: float | None = None, key_blocks: int = 2,
 
     arrivals = _arrivals([r[0] / 1000.0 for r in rows], qps, path)
     requests, prefix = [], {}
-    for rid, ((_, inp, out, ids), t) in enumerate(zip(rows, arrivals)):
+    for rid, i in enumerate(_arrival_order(arrivals)):
+        (_, inp, out, ids), t = rows[i], arrivals[i]
         blocks = _request_blocks(ids, inp, id_blocks)
         key = "-".join(map(str, ids[:key_blocks]))
         if key not in prefix:
@@ -142,8 +143,10 @@ def load_azure(path: str, *, qps: float | None = None, seed: int = 0, keys: int 
     cut: dict[tuple[str, int], tuple[int, ...]] = {}
     prefix: dict[str, int] = {}
     requests = []
-    for rid, ((_, ctx, gen), t, k) in enumerate(zip(rows, arrivals, key_idx.tolist())):
-        key = f"a{k:05d}"
+    key_of = key_idx.tolist()
+    for rid, i in enumerate(_arrival_order(arrivals)):
+        (_, ctx, gen), t = rows[i], arrivals[i]
+        key = f"a{key_of[i]:05d}"
         if key not in chains:
             n = int(prefix_share * ctx) // BLOCK_TOKENS
             chains[key] = block_hashes(namespace, key, n)
@@ -201,25 +204,30 @@ def ideal_hit_rate(requests: list[Request]) -> float:
 
 
 def _arrivals(times: list[float], qps: float | None, path: str) -> list[float]:
-    """Seconds from the first request, sorted; rescaled to mean rate `qps` if given."""
+    """Seconds from the earliest request, in record order; rescaled to mean rate `qps` if
+    given."""
     if not times:
         raise ValueError(f"{path}: no requests")
     t0 = min(times)
-    rel = sorted(t - t0 for t in times)
+    rel = [t - t0 for t in times]
     if qps is None:
         return rel
     if qps <= 0:
         raise ValueError("qps must be positive")
-    span = rel[-1]
+    span = max(rel)
     if len(rel) < 2 or span <= 0:
         raise ValueError(f"{path}: cannot rescale arrivals that span no time")
     scale = (len(rel) - 1) / (qps * span)          # mean gap becomes 1 / qps
     return [t * scale for t in rel]
 
 
+def _arrival_order(arrivals: list[float]) -> list[int]:
+    """Record indices by arrival (stable), so rids follow arrival order."""
+    return sorted(range(len(arrivals)), key=arrivals.__getitem__)
+
+
 def _workload(name: str, requests: list[Request], prefix: dict[str, int], knobs: dict,
               seed: int) -> Workload:
-    requests.sort(key=lambda r: (r.arrival, r.rid))
     n = len(requests)
     span = requests[-1].arrival
     duration = span * n / (n - 1) if n > 1 and span > 0 else 1.0

@@ -8,7 +8,8 @@ top-4% share 0.459, largest key 0.295%, for every seed. Random draws instead put
 largest key anywhere between 0.27% and 0.67% depending on the seed. `active_set=K`
 drives traffic from the top-K keys only (paper: K=128 flagship, K=256 wider), their
 rates renormalised to the offered `qps`; within the top 128 the hottest key has ~9x the
-rate of the 128th.
+rate of the 128th. `active_set=0` (or None) makes all 128,824 keys active; block hashes
+are only built for keys that appear, but a long run then holds many distinct prefixes.
 
 Lengths, chosen once for all policies and documented here, not tuned per policy:
   shared prefix per key  log-normal, median 3,072 tokens, sigma 0.5, clipped [1,024,

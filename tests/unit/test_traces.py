@@ -60,6 +60,14 @@ def test_mooncake_qps_rescales_to_the_mean_rate(tmp_path):
     assert times[1] / times[3] == pytest.approx(3 / 9)            # shape preserved
 
 
+def test_out_of_order_records_keep_their_own_times(tmp_path):
+    records = [MOONCAKE[3], MOONCAKE[0], MOONCAKE[2], MOONCAKE[1]]
+    w = load_mooncake(write_jsonl(tmp_path, records))
+    assert [(r.arrival, r.prompt_tokens) for r in w.requests] == \
+           [(0.0, 1100), (3.0, 600), (3.0, 1500), (9.0, 512)]
+    assert [r.rid for r in w.requests] == [0, 1, 2, 3]
+
+
 def test_mooncake_limit(tmp_path):
     assert len(load_mooncake(write_jsonl(tmp_path, MOONCAKE), limit=2).requests) == 2
 
