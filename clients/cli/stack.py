@@ -1,0 +1,136 @@
+"""Commands that talk to a running stack: `cacheroute route` and `cacheroute status`.
+
+Each command is one `add_<name>(subparsers)` function listed in COMMANDS; a new command
+(e.g. `up`, `demo`) adds its function there. Output is JSON on stdout; an unreachable or
+failing service is a one-line error (exit 2) for `route`, and a field in the report
+(exit 1) for `status`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+import grpc
+import orjson
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, planner_pb2, planner_pb2_grpc
+from clients.cli import CliError
+from clients.client import CacheRouteClient, RetryPolicy
+from services.rpc import env
+
+DEFAULT_DISPATCHER = "127.0.0.1:50053"
+DEFAULT_PLANNER = "127.0.0.1:50051"
+DEFAULT_COLLECTOR = "127.0.0.1:50052"
+
+
+def _print(doc: Any) -> None:
+    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _enum(enum_type, value: int) -> str:
+    return enum_type.Name(value).split("_", 2)[-1].lower() if value else "unspecified"
+
+
+def decision_doc(d: common_pb2.RouteDecision) -> dict[str, Any]:
+    return {"key": d.key, "replica_id": d.replica_id, "address": d.address, "plan_version": d.plan_version,
+            "reason": _enum(common_pb2.RouteReason, d.reason)}
+
+
+# ---------------------------------------------------------------- route
+
+def add_route(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("route", help="ask a dispatcher where a request goes",
+                       description="Print a dispatcher's routing decision for KEY (or a prompt) as JSON.")
+    p.add_argument("key", nargs="?", help="routing key (omit with --prompt)")
+    p.add_argument("--prompt", help="derive the key from this prompt text instead")
+    p.add_argument("--dispatcher", default=env("DISPATCHER", DEFAULT_DISPATCHER),
+                   help=f"dispatcher address(es), comma-separated (env CACHEROUTE_DISPATCHER, default {DEFAULT_DISPATCHER})")
+    p.add_argument("--timeout", type=float, default=2.0, help="deadline per attempt, seconds (default 2)")
+    p.set_defaults(func=run_route)
+
+
+def run_route(args: argparse.Namespace) -> int:
+    if (args.key is None) == (args.prompt is None):
+        raise CliError("give a KEY or --prompt TEXT")
+    with CacheRouteClient(args.dispatcher, timeout=args.timeout, retry=RetryPolicy(rounds=2)) as client:
+        try:
+            decision = client.route(args.key, prompt=args.prompt)
+        except grpc.RpcError as err:
+            raise CliError(f"route failed at {args.dispatcher}: {err.code().name}: {err.details()}") from None  # type: ignore[attr-defined]
+    _print(decision_doc(decision))
+    return 0
+
+
+# ---------------------------------------------------------------- status
+
+def add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="health, plan and per-replica load of a running stack",
+                       description="Print every service's health, the active plan version and mode, and each "
+                                   "dispatcher's view of replica load and hit rate, as JSON. Exit 1 if any "
+                                   "service is unreachable or not serving.")
+    p.add_argument("--planner", default=env("PLANNER", DEFAULT_PLANNER),
+                   help=f"planner address, '' to skip (env CACHEROUTE_PLANNER, default {DEFAULT_PLANNER})")
+    p.add_argument("--dispatchers", default=env("DISPATCHERS", DEFAULT_DISPATCHER),
+                   help=f"comma-separated dispatcher addresses (env CACHEROUTE_DISPATCHERS, default {DEFAULT_DISPATCHER})")
+    p.add_argument("--collector", default=env("COLLECTOR", DEFAULT_COLLECTOR),
+                   help=f"collector address, '' to skip (env CACHEROUTE_COLLECTOR, default {DEFAULT_COLLECTOR})")
+    p.add_argument("--timeout", type=float, default=1.0, help="deadline per call, seconds (default 1)")
+    p.set_defaults(func=run_status)
+
+
+def _probe(address: str, timeout: float, read: Callable[[grpc.Channel], dict[str, Any]] | None) -> dict[str, Any]:
+    """Health of one service and, if it serves, what `read` returns."""
+    doc: dict[str, Any] = {"address": address}
+    with grpc.insecure_channel(address) as channel:
+        try:
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            doc["health"] = health_pb2.HealthCheckResponse.ServingStatus.Name(health.status).lower()
+            if read is not None and health.status == health_pb2.HealthCheckResponse.SERVING:
+                doc.update(read(channel))
+        except grpc.RpcError as err:
+            doc.setdefault("health", "unreachable")
+            doc["error"] = f"{err.code().name}: {err.details()}"  # type: ignore[attr-defined]
+    return doc
+
+
+def planner_doc(channel: grpc.Channel, timeout: float) -> dict[str, Any]:
+    s = planner_pb2_grpc.PlannerStub(channel).GetStatus(planner_pb2.GetPlannerStatusRequest(), timeout=timeout)
+    return {"planner_id": s.planner_id, "leader": s.leader, "active_version": s.active_version,
+            "mode": _enum(common_pb2.Mode, s.mode), "mode_reason": s.mode_reason, "pinned_version": s.pinned_version,
+            "latest_version": s.latest_version, "last_loop_outcome": s.last_loop_outcome}
+
+
+def dispatcher_doc(channel: grpc.Channel, timeout: float) -> dict[str, Any]:
+    s = dispatcher_pb2_grpc.DispatcherStub(channel).GetStatus(dispatcher_pb2.GetDispatcherStatusRequest(), timeout=timeout)
+    return {"dispatcher_id": s.dispatcher_id, "plan_version": s.plan_version, "mode": _enum(common_pb2.Mode, s.mode),
+            "plan_source": s.plan_source, "routed": s.routed, "planned": s.planned, "cold": s.cold,
+            "fallback": s.fallback, "telemetry_dropped": s.telemetry_dropped,
+            "replicas": [{"replica_id": r.replica_id, "address": r.address, "healthy": r.healthy,
+                          "in_flight": r.in_flight, "waiting": r.waiting, "running": r.running,
+                          "kv_usage": round(r.kv_usage, 4), "hit_rate": round(r.hit_rate, 4), "routed": r.routed}
+                         for r in s.replicas]}
+
+
+def run_status(args: argparse.Namespace) -> int:
+    t = args.timeout
+    report: dict[str, Any] = {}
+    if args.planner:
+        report["planner"] = _probe(args.planner, t, lambda ch: planner_doc(ch, t))
+    if args.collector:
+        report["collector"] = _probe(args.collector, t, None)
+    addresses = [a.strip() for a in args.dispatchers.split(",") if a.strip()]
+    report["dispatchers"] = [_probe(a, t, lambda ch: dispatcher_doc(ch, t)) for a in addresses]
+    _print(report)
+    services = [report.get("planner"), report.get("collector"), *report["dispatchers"]]
+    return 0 if all(s["health"] == "serving" and "error" not in s for s in services if s) else 1
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_route, add_status]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    for add in COMMANDS:
+        add(sub)
