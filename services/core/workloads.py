@@ -34,7 +34,7 @@ Variants:
              each whale runs at 21 req/s, above a per-replica q_cap (500 QPS / 30 ~ 17),
              so k_b > 1. Pinned with k_b = 1, a replica holding one whale carries ~11%
              of all traffic = 3.3x the mean (paper: +affinity imbalance 3.46x); our
-             ring happens to hash two of w0..w3 together, which measures 6.1x.
+             ring (R = 30) happens to hash two of w0..w3 together: 6.1x measured.
   low-reuse  little recoverable prefix work: prefix median 256 tokens (sigma 0.5,
              [64, 1,024]), suffix median 2,048 (sigma 0.5, [256, 8,192]); the reusable
              token share is ~11%, where affinity only buys load skew (paper's 32B
