@@ -1,0 +1,180 @@
+"""Churn-aware incremental re-planning and failure repair."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.core.planning import build_plan, plan_diff, replica_names, size_keys
+from services.core.replan import repair_plan, replan_incremental
+
+IDS = [f"r{i}" for i in range(8)]
+
+
+def drifted(rates: np.ndarray, sigma: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    out = rates * np.exp(rng.normal(0.0, sigma, len(rates)))
+    return out * (rates.sum() / out.sum())
+
+
+def base(n=2000, seed=1):
+    rng = np.random.default_rng(seed)
+    keys = [f"k{i}" for i in range(n)]
+    return keys, rng.lognormal(0.0, 1.65, n)
+
+
+def check_table(plan, keys, rates, q_cap):
+    R = plan.replicas
+    k = dict(zip(keys, size_keys(np.asarray(rates), q_cap, R).tolist()))
+    for key, row in plan.table.items():
+        assert len(row) == len(set(row)) == k[key] and all(0 <= i < R for i in row)
+    assert math.isclose(sum(plan.expected_load), float(np.sum(rates)), rel_tol=1e-9)
+    assert sum(len(row) for row in plan.table.values()) <= R * plan.warm_slots
+
+
+def test_same_rates_change_nothing():
+    keys, rates = base()
+    active = build_plan(keys, rates, IDS, q_cap=50.0, warm_slots=40, version=3)
+    plan = replan_incremental(active, keys, rates, IDS, 50.0, 40, version=4, created_at=9.0)
+    assert dict(plan.table) == dict(active.table)
+    assert plan.churn == 0.0 and plan.extra["moves"] == 0
+    assert (plan.builder, plan.version, plan.parent_version, plan.created_at) == ("incremental", 4, 3, 9.0)
+
+
+def test_drift_low_churn_and_balance_within_tolerance():
+    keys, rates = base()
+    active = build_plan(keys, rates, IDS, q_cap=50.0, warm_slots=40)
+    for step in range(4):
+        rates = drifted(rates, 0.3, seed=10 + step)
+        scratch = build_plan(keys, rates, IDS, 50.0, 40, parent=active)
+        plan = replan_incremental(active, keys, rates, IDS, 50.0, 40, version=active.version + 1)
+        check_table(plan, keys, rates, 50.0)
+        assert set(plan.table) == set(scratch.table)  # same admission as from scratch
+        assert plan.predicted_imbalance <= scratch.predicted_imbalance * 1.05 + 1e-9
+        assert plan.churn < 0.5 * scratch.churn
+        active = plan
+
+
+def test_tight_tolerance_forces_moves_but_not_a_rebuild():
+    keys, rates = base(400, seed=2)
+    active = build_plan(keys, rates, IDS, q_cap=50.0, warm_slots=40)
+    new_rates = drifted(rates, 0.8, seed=3)  # a big shift: keeping everything would unbalance
+    scratch = build_plan(keys, new_rates, IDS, 50.0, 40)
+    loose = replan_incremental(active, keys, new_rates, IDS, 50.0, 40, version=2, tolerance=1.0)
+    tight = replan_incremental(active, keys, new_rates, IDS, 50.0, 40, version=2, tolerance=0.01)
+    assert loose.extra["moves"] == 0 and loose.predicted_imbalance > 1.05 * scratch.predicted_imbalance
+    assert tight.extra["moves"] > 0
+    assert tight.predicted_imbalance <= 1.01 * scratch.predicted_imbalance + 1e-9
+    assert loose.churn <= tight.churn < 0.5 * plan_diff(active, scratch).churn
+
+
+def test_surviving_keys_keep_their_replicas_when_balance_allows():
+    keys, rates = base(300, seed=4)
+    active = build_plan(keys, rates, IDS, q_cap=3.0, warm_slots=30)
+    new_rates = drifted(rates, 0.4, seed=5)
+    plan = replan_incremental(active, keys, new_rates, IDS, 3.0, 30, version=2, tolerance=10.0)
+    k_old = dict(zip(keys, size_keys(rates, 3.0, 8).tolist()))
+    k_new = dict(zip(keys, size_keys(new_rates, 3.0, 8).tolist()))
+    assert any(k_new[key] != k_old[key] for key in plan.table if key in active.table)
+    for key in plan.table:
+        if key not in active.table:
+            continue
+        before, after = set(active.table[key]), set(plan.table[key])
+        if k_new[key] == k_old[key]:
+            assert after == before
+        elif k_new[key] > k_old[key]:
+            assert after > before       # grew: old replicas kept, more added
+        else:
+            assert after < before       # shrank: a subset kept
+
+
+def test_removed_replica_reassigns_only_its_keys():
+    keys, rates = base(500, seed=6)
+    active = build_plan(keys, rates, IDS, q_cap=100.0, warm_slots=20)
+    fewer = [r for r in IDS if r != "r3"]
+    plan = replan_incremental(active, keys, rates, fewer, 100.0, 20, version=2, tolerance=10.0)
+    check_table(plan, keys, rates, 100.0)
+    for key in set(plan.table) & set(active.table):
+        if "r3" not in replica_names(active, key):
+            assert replica_names(plan, key) == replica_names(active, key)
+
+
+def test_added_replica_gets_load_by_rebalancing():
+    keys, rates = base(500, seed=7)
+    active = build_plan(keys, rates, IDS, q_cap=100.0, warm_slots=20)
+    more = IDS + ["r8"]
+    plan = replan_incremental(active, keys, rates, more, 100.0, 20, version=2)
+    scratch = build_plan(keys, rates, more, 100.0, 20)
+    assert plan.extra["moves"] > 0
+    assert plan.predicted_imbalance <= scratch.predicted_imbalance * 1.05 + 1e-9
+    assert any("r8" in replica_names(plan, key) for key in plan.table)
+
+
+def test_rejects_bad_tolerance():
+    keys, rates = base(10)
+    active = build_plan(keys, rates, IDS, 1.0, 1)
+    with pytest.raises(ValueError, match="tolerance"):
+        replan_incremental(active, keys, rates, IDS, 1.0, 1, version=2, tolerance=-0.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 6), st.floats(0.5, 20.0), st.integers(1, 10))
+def test_incremental_invariants(seed, replicas, q_cap, warm):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 80))
+    keys = [f"k{i}" for i in range(n)]
+    rates = np.round(rng.lognormal(0.0, 1.5, n), 1)
+    ids = [f"r{i}" for i in range(replicas)]
+    active = build_plan(keys, rates, ids, q_cap, warm)
+    new_ids = ids if seed % 3 else ids[1:] + ["x"]  # sometimes a changed replica set
+    new_rates = np.round(drifted(rates + 0.01, 0.5, seed), 1)
+    plan = replan_incremental(active, keys, new_rates, new_ids, q_cap, warm, version=2)
+    check_table(plan, keys, new_rates, q_cap)
+    assert set(plan.table) == set(build_plan(keys, new_rates, new_ids, q_cap, warm).table)
+
+
+# ---------------------------------------------------------------------------------------------
+# repair
+
+
+def test_repair_moves_only_keys_that_lost_a_replica():
+    keys, rates = base(400, seed=8)
+    active = build_plan(keys, rates, IDS, q_cap=2.0, warm_slots=30, version=5)
+    plan = repair_plan(active, ["r2"], version=6, created_at=1.0)
+    assert plan.builder == "repair" and plan.parent_version == 5 and "r2" not in plan.replica_ids
+    lost = {key for key in active.table if "r2" in replica_names(active, key)}
+    assert lost
+    diff = plan_diff(active, plan)
+    assert {m.key for m in diff.moves} <= lost
+    for key in plan.table:
+        names = replica_names(plan, key)
+        assert "r2" not in names and len(names) == min(len(active.table[key]), 7)
+        if key not in lost:
+            assert names == replica_names(active, key)
+        else:
+            assert set(replica_names(active, key)) - {"r2"} <= set(names)  # survivors kept
+    assert math.isclose(sum(plan.expected_load), sum(active.expected_load), rel_tol=1e-9)
+    assert plan.churn == pytest.approx(diff.churn)
+
+
+def test_repair_caps_sizes_and_respects_the_smaller_budget():
+    keys = ["whale", "a", "b", "c", "d"]
+    active = build_plan(keys, [40.0, 4.0, 3.0, 2.0, 1.0], ["x", "y", "z"], q_cap=10.0, warm_slots=2)
+    assert len(active.table["whale"]) == 3
+    plan = repair_plan(active, ["z"], version=2)
+    assert len(plan.table["whale"]) == 2
+    assert sum(len(row) for row in plan.table.values()) <= 2 * 2
+    assert list(plan.table) == ["whale", "a", "b"]  # lowest-rate keys fell back to the cold tail
+    assert math.isclose(sum(plan.expected_load), 50.0)
+
+
+def test_repair_errors():
+    active = build_plan(["a"], [1.0], ["x", "y"], q_cap=1.0, warm_slots=1)
+    with pytest.raises(ValueError, match="unknown replica id 'q'"):
+        repair_plan(active, ["q"], version=2)
+    with pytest.raises(ValueError, match="no replica survives"):
+        repair_plan(active, ["x", "y"], version=2)
