@@ -13,7 +13,8 @@ KV cache (vLLM V1 `KVCacheManager` / `BlockPool` semantics)
   its blocks in reverse order, anonymous tail first and then its hashed blocks deepest first,
   so the deepest prefix blocks are evicted before shallower ones (vLLM V1
   `KVCacheManager.free`, which passes `reversed(blocks)` to `BlockPool.free_blocks`).
-  Anonymous free blocks are interchangeable, so the free queue stores them as runs.
+  `PrefixPool` keeps exactly these semantics but stores runs of blocks, not single blocks
+  (tests/unit/test_engine_kv.py checks it against a literal per-block model).
   A full block is hashed (registered) when the step that computes it is scheduled, as vLLM
   does, so a request scheduled later may hit it. If its hash is already cached by another
   block, our copy stays anonymous and so do the rest of our blocks (a rare duplicate; vLLM
@@ -50,8 +51,9 @@ Decode fast-forward (for the simulator)
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
@@ -138,6 +140,174 @@ def _ceil_blocks(tokens: int) -> int:
     return -(-tokens // BLOCK_TOKENS)
 
 
+class _Node:
+    """A run of consecutive cached blocks of one chain, positions [lo, hi) of `chain`, whose
+    blocks share one ref count and, when unreferenced, one contiguous stretch of the free
+    queue (deepest block nearest the head)."""
+
+    __slots__ = ("chain", "lo", "hi", "ref", "stamp", "dead")
+
+    def __init__(self, chain: Sequence[int], lo: int, hi: int, ref: int) -> None:
+        self.chain = chain
+        self.lo = lo
+        self.hi = hi
+        self.ref = ref
+        self.stamp = -1       # free-queue position while ref == 0
+        self.dead = False
+
+
+class _Run:
+    """Anonymous free blocks that joined the free queue together."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+class PrefixPool:
+    """The KV block pool with vLLM V1 semantics (module header), stored by runs of blocks.
+
+    Per-block bookkeeping costs the simulator hundreds of dict operations per request, so
+    blocks are grouped into nodes: maximal runs of one chain with the same holders. Hashes
+    are unique in the pool, so a node is found by the hash of its first block (`_head`).
+    The free queue is a heap of (stamp, node or anonymous run): a node joins it when its ref
+    count drops to 0, stamped with the next queue position, and allocation eats the oldest
+    entry from its deep end, which is exactly vLLM's per-block queue because a request frees
+    its blocks deepest first and a referenced block's ancestors are referenced too (so an
+    unreferenced node's descendants always sit ahead of it). A partial hit splits a node.
+    """
+
+    def __init__(self, blocks: int) -> None:
+        self.blocks = blocks
+        self.free = blocks
+        self._head: dict[int, _Node] = {}
+        self._queue: list[tuple[int, object]] = [(0, _Run(blocks))]
+        self._stamp = 1
+
+    # -- lookups
+
+    def lookup(self, blocks: Sequence[int], cap: int) -> tuple[int, int, list[tuple[_Node, int]]]:
+        """(leading cached blocks up to `cap`, how many of them are unreferenced, the path of
+        (node, end position) that covers them)."""
+        head = self._head
+        path: list[tuple[_Node, int]] = []
+        pos = evictable = 0
+        while pos < cap:
+            node = head.get(blocks[pos])
+            if node is None:
+                break
+            end = node.hi if node.hi < cap else cap
+            chain = node.chain
+            if chain is not blocks and blocks[end - 1] != chain[end - 1]:
+                lo, hi = pos + 1, end - 1     # blocks[lo - 1] matches, blocks[hi] does not
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if blocks[mid - 1] == chain[mid - 1]:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                end = lo
+            path.append((node, end))
+            if not node.ref:
+                evictable += end - pos
+            pos = end
+        return pos, evictable, path
+
+    def match(self, blocks: Sequence[int]) -> int:
+        return self.lookup(blocks, len(blocks))[0]
+
+    def cached(self) -> int:
+        """Blocks currently holding a hash."""
+        return sum(n.hi - n.lo for n in self._head.values())
+
+    # -- holding and freeing
+
+    def touch(self, path: list[tuple[_Node, int]]) -> None:
+        """Reference the blocks of a lookup path (ref++, out of the free queue)."""
+        head = self._head
+        for node, end in path:
+            if end < node.hi:
+                # split: a new node takes [lo, end); the old object keeps the deep part and
+                # with it its place in the free queue
+                part = _Node(node.chain, node.lo, end, node.ref)
+                head[node.chain[node.lo]] = part
+                node.lo = end
+                head[node.chain[end]] = node
+                node = part
+            if node.ref == 0:
+                self.free -= node.hi - node.lo
+            node.ref += 1
+
+    def register(self, blocks: Sequence[int], start: int, end: int) -> int:
+        """Cache blocks[start:end] as a new node held once; stops before a hash that is
+        already cached (returns how many were registered)."""
+        if start >= end:
+            return 0
+        head = self._head
+        if blocks[start] in head:
+            return 0
+        head[blocks[start]] = _Node(blocks, start, end, 1)
+        return end - start
+
+    def release(self, blocks: Sequence[int], hashed: int, anon: int) -> None:
+        """Free a holder of blocks[:hashed] plus `anon` anonymous blocks, tail first."""
+        queue = self._queue
+        if anon:
+            heapq.heappush(queue, (self._stamp, _Run(anon)))
+            self._stamp += 1
+            self.free += anon
+        if not hashed:
+            return
+        head = self._head
+        nodes = []
+        pos = 0
+        while pos < hashed:
+            node = head[blocks[pos]]
+            nodes.append(node)
+            pos = node.hi
+        for node in reversed(nodes):
+            node.ref -= 1
+            if node.ref == 0:
+                node.stamp = self._stamp
+                heapq.heappush(queue, (self._stamp, node))
+                self._stamp += 1
+                self.free += node.hi - node.lo
+        if len(queue) > 4 * len(head) + 4096:
+            self._compact()
+
+    def take(self, m: int) -> None:
+        """Allocate m blocks (m <= free) from the head of the free queue, evicting hashes."""
+        self.free -= m
+        queue = self._queue
+        head = self._head
+        while m:
+            stamp, entry = queue[0]
+            if type(entry) is _Run:
+                if entry.count > m:
+                    entry.count -= m
+                    return
+                m -= entry.count
+                heapq.heappop(queue)
+                continue
+            if entry.ref or entry.stamp != stamp or entry.dead:
+                heapq.heappop(queue)          # stale: touched since it was queued
+                continue
+            size = entry.hi - entry.lo
+            if size > m:
+                entry.hi -= m                 # the deepest blocks go first
+                return
+            m -= size
+            heapq.heappop(queue)
+            del head[entry.chain[entry.lo]]
+            entry.dead = True
+
+    def _compact(self) -> None:
+        self._queue = [(s, e) for s, e in self._queue
+                       if type(e) is _Run or (not e.ref and e.stamp == s and not e.dead)]
+        heapq.heapify(self._queue)
+
+
 class EngineModel:
     """A simulated engine replica. Drive it with `add` and then `step` (or the decode
     fast-forward trio) back to back; each step starts when the previous one ended."""
@@ -147,10 +317,7 @@ class EngineModel:
         self.kv_blocks = int(kv_blocks if kv_blocks is not None else profile.kv_blocks)
         if self.kv_blocks < 1:
             raise ValueError("kv_blocks must be >= 1")
-        self._ref: dict[int, int] = {}                       # cached hash -> ref count
-        self._free: OrderedDict[object, int] = OrderedDict()  # LRU head first; value 0: hashed block, n>0: anonymous run
-        self._free[object()] = self.kv_blocks
-        self._n_free = self.kv_blocks
+        self._pool = PrefixPool(self.kv_blocks)
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
         self._seqs: dict[int, _Seq] = {}
@@ -176,15 +343,15 @@ class EngineModel:
     @property
     def active_blocks(self) -> int:
         """Blocks referenced by running requests."""
-        return self.kv_blocks - self._n_free
+        return self.kv_blocks - self._pool.free
 
     @property
     def kv_usage(self) -> float:
-        return (self.kv_blocks - self._n_free) / self.kv_blocks
+        return (self.kv_blocks - self._pool.free) / self.kv_blocks
 
     @property
     def free_blocks(self) -> int:
-        return self._n_free
+        return self._pool.free
 
     @property
     def prefill_backlog(self) -> int:
@@ -202,24 +369,19 @@ class EngineModel:
         return not self._waiting and self._n_prefilling == 0 and bool(self._running)
 
     def cached_block_count(self) -> int:
-        """Hashes currently in the prefix cache (referenced or in the free queue)."""
-        return len(self._ref)
-
-    def is_cached(self, block_hash: int) -> bool:
-        return block_hash in self._ref
+        """Blocks holding a hash (referenced or in the free queue)."""
+        return self._pool.cached()
 
     def match(self, blocks: Sequence[int]) -> int:
         """Leading blocks of `blocks` whose hashes are cached (no touching, no cap)."""
-        ref = self._ref
-        n = 0
-        for h in blocks:
-            if h not in ref:
-                break
-            n += 1
-        return n
+        return self._pool.match(blocks) if blocks else 0
 
     def has(self, rid: int) -> bool:
         return rid in self._seqs
+
+    def rids(self) -> list[int]:
+        """Requests on this engine, waiting or running."""
+        return list(self._seqs)
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -254,40 +416,8 @@ class EngineModel:
 
     # -- the KV pool --------------------------------------------------------------------------
 
-    def _take(self, m: int) -> None:
-        """Allocate m blocks from the head of the free queue, evicting hashes they held."""
-        self._n_free -= m
-        free = self._free
-        ref = self._ref
-        while m:
-            key, val = free.popitem(last=False)
-            if val == 0:
-                del ref[key]
-                m -= 1
-            elif val > m:
-                free[key] = val - m
-                free.move_to_end(key, last=False)
-                m = 0
-            else:
-                m -= val
-
     def _release(self, seq: _Seq) -> None:
-        """Free a request's blocks tail first: anonymous run, then hashed deepest first."""
-        anon = seq.nblocks - seq.hashed
-        free = self._free
-        if anon:
-            free[object()] = anon
-            self._n_free += anon
-        if seq.hashed:
-            ref = self._ref
-            blocks = seq.blocks
-            for i in range(seq.hashed - 1, -1, -1):
-                h = blocks[i]
-                r = ref[h] - 1
-                ref[h] = r
-                if r == 0:
-                    free[h] = 0
-                    self._n_free += 1
+        self._pool.release(seq.blocks, seq.hashed, seq.nblocks - seq.hashed)
         seq.nblocks = seq.hashed = 0
         seq.sealed = False
 
@@ -296,41 +426,10 @@ class EngineModel:
         last = min(len(seq.blocks), upto_tokens // BLOCK_TOKENS)
         if seq.sealed or seq.hashed >= last:
             return
-        ref = self._ref
-        blocks = seq.blocks
-        i = seq.hashed
-        while i < last:
-            h = blocks[i]
-            if h in ref:
-                seq.sealed = True
-                break
-            ref[h] = 1
-            i += 1
-        seq.hashed = i
-
-    def _hit_blocks(self, seq: _Seq) -> int:
-        cap = min(len(seq.blocks), (seq.prompt + seq.generated - 1) // BLOCK_TOKENS)
-        if cap <= 0:
-            return 0
-        ref = self._ref
-        blocks = seq.blocks
-        n = 0
-        while n < cap and blocks[n] in ref:
-            n += 1
-        return n
-
-    def _touch(self, seq: _Seq, hit: int) -> None:
-        ref = self._ref
-        free = self._free
-        blocks = seq.blocks
-        for i in range(hit):
-            h = blocks[i]
-            r = ref[h]
-            if r == 0:
-                del free[h]
-                self._n_free -= 1
-            ref[h] = r + 1
-        seq.hashed = seq.nblocks = hit
+        added = self._pool.register(seq.blocks, seq.hashed, last)
+        if not added:
+            seq.sealed = True
+        seq.hashed += added
 
     def _preempt(self, seq: _Seq) -> None:
         if seq.prefilling:
@@ -362,7 +461,7 @@ class EngineModel:
             seq = running[i]
             n = min(seq.target - seq.computed, budget) if seq.prefilling else 1
             need = _ceil_blocks(seq.computed + n) - seq.nblocks
-            while need > self._n_free:
+            while need > self._pool.free:
                 victim = running.pop()
                 self._preempt(victim)
                 result.preempted.append(victim.rid)
@@ -371,7 +470,7 @@ class EngineModel:
                     break
             else:
                 if need:
-                    self._take(need)
+                    self._pool.take(need)
                     seq.nblocks += need
                 if seq.prefilling:
                     self._register(seq, seq.computed + n)
@@ -393,26 +492,26 @@ class EngineModel:
     def _admit_waiting(self, budget: int, scheduled: list[tuple[_Seq, int]]) -> int:
         waiting = self._waiting
         running = self._running
+        pool = self._pool
         max_running = self.profile.max_running
         while waiting and budget > 0 and len(running) < max_running:
             seq = waiting[0]
-            hit = self._hit_blocks(seq)
+            cap = min(len(seq.blocks), (seq.prompt + seq.generated - 1) // BLOCK_TOKENS)
+            if cap > 0:
+                hit, evictable, path = pool.lookup(seq.blocks, cap)
+            else:
+                hit = evictable = 0
             hit_tokens = hit * BLOCK_TOKENS
             n = min(seq.target - hit_tokens, budget)
             need = _ceil_blocks(hit_tokens + n) - hit
-            if hit:
-                ref = self._ref
-                blocks = seq.blocks
-                evictable = sum(1 for j in range(hit) if ref[blocks[j]] == 0)
-            else:
-                evictable = 0
-            if need + evictable > self._n_free:
+            if need + evictable > pool.free:
                 break
             waiting.popleft()
             if hit:
-                self._touch(seq, hit)
+                pool.touch(path)
+            seq.hashed = seq.nblocks = hit
             if need:
-                self._take(need)
+                pool.take(need)
                 seq.nblocks += need
             seq.computed = hit_tokens
             self._backlog -= hit_tokens
@@ -472,21 +571,22 @@ class EngineModel:
     # -- decode fast-forward ------------------------------------------------------------------
 
     def decode_horizon(self, max_steps: int | None = None) -> int:
-        """How many decode-only steps can run back to back before anything but decoding
-        happens: up to and including the step in which the first request finishes, and only
-        as many as the free blocks cover (0: the next step needs a preemption, use `step`)."""
-        if not self.decode_only:
+        """How many decode-only steps the running batch can run back to back: up to and
+        including the step in which the first request finishes, and only as many as the free
+        blocks cover (0: the next step needs a preemption or a prefill, use `step`). Waiting
+        requests are ignored: call it when `decode_only`, or after arrivals during a run."""
+        if self._n_prefilling or not self._running:
             return 0
         running = self._running
         k = min(s.output - s.generated for s in running)
         if max_steps is not None:
             k = min(k, max_steps)
-        if self._decode_blocks(k) <= self._n_free:
+        if self._decode_blocks(k) <= self._pool.free:
             return k
         lo, hi = 0, k    # demand(lo) fits, demand(hi) does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self._decode_blocks(mid) <= self._n_free:
+            if self._decode_blocks(mid) <= self._pool.free:
                 lo = mid
             else:
                 hi = mid
@@ -510,14 +610,15 @@ class EngineModel:
 
     def advance_decode(self, k: int) -> StepResult:
         """Apply k decode-only steps at once (k <= decode_horizon())."""
-        if k < 1 or not self.decode_only:
-            raise ValueError("advance_decode needs k >= 1 and a decode-only engine")
+        # requests that arrived during the run wait in `_waiting`; they join afterwards
+        if k < 1 or self._n_prefilling or not self._running:
+            raise ValueError("advance_decode needs k >= 1 and only decoding requests running")
         duration = self.decode_duration(k)
         need = self._decode_blocks(k)
-        if need > self._n_free:
-            raise ValueError(f"{k} decode steps need {need} blocks, {self._n_free} free")
+        if need > self._pool.free:
+            raise ValueError(f"{k} decode steps need {need} blocks, {self._pool.free} free")
         if need:
-            self._take(need)
+            self._pool.take(need)
         result = StepResult(duration, steps=k)
         done: list[_Seq] = []
         decoded = result.decoded
