@@ -1,0 +1,159 @@
+r"""The switching rule: keep the active plan until staleness costs more than re-warming.
+
+SPEC section 2 (paper: installing a plan costs a transient hit-rate drop while new owners
+warm up; keeping a stale plan costs slowly accumulating loss). Both sides are measured in
+prefill seconds, the work a cache hit saves. Definitions (docs/architecture.md,
+"Staleness vs re-warm"), with current rates lambda_b, prefix tokens P_b and per-token prefill
+cost c:
+
+  loads under current rates  L_r(plan) = cold / R + sum over keys b in T with r in T(b) of
+                             lambda_b / |T(b)|, where cold = rates of keys outside T
+  cache gap (per second)     sum_{b in T_C \ T_A} lambda_b P_b c  -  sum_{b in T_A \ T_C} lambda_b P_b c
+                             (hot keys the active plan leaves cold, minus those the candidate would)
+  overload gap (per second)  (O(L(A)) - O(L(C))) * P_mean * c, O(L) = sum_r max(0, L_r - q_cap):
+                             requests past the latency knee are treated as spilled cold
+  staleness penalty S        max(0, cache gap + overload gap)                [prefill s / s]
+  re-warm penalty W          sum over keys b of the candidate with new owners N_b = T_C(b) \ T_A(b)
+                             (by replica id) of P_b c (|N_b| + lambda_b |N_b| / |T_C(b)| * rewarm_seconds):
+                             one cold prefill per new owner, plus the moved share of the key's
+                             traffic running cold while the new owners warm up      [prefill s]
+  rule                       switch  iff  S * horizon > W * (1 + hysteresis)
+                             and at least min_dwell_seconds passed since the last switch.
+Overrides: no active plan -> switch; the replica set changed -> switch (the active plan
+routes to replicas that are gone or misses new ones), dwell notwithstanding.
+
+Knobs (SwitchConfig): horizon_seconds 300 (how long a kept plan would keep paying S),
+hysteresis 1.0, min_dwell_seconds 120, prefill_seconds_per_token 78e-6 (the per-token term
+`a` of the 70B fp8 TP2 profile, SPEC section 4), rewarm_seconds 60 (about one control
+interval), default_prefix_tokens 2048 (for keys missing from a prefix-token mapping).
+
+Why hysteresis 1.0: S is measured on the same noisy rates the candidate was built from, so
+pure measurement noise already shows a gain (winner's curse). On 2,000 keys / R = 8 with
+incremental candidates, S * horizon / W measured 0.7-1.2 for alternating log-rate noise of
+sigma 0.1-0.15, 1.5-2.0 for sigma 0.3, 3.7-4.3 when 5-100 cold keys turn hot, and 1.4 -> 3.0
+over six steps of a sigma-0.3 random walk; requiring 2x separates noise from shifts and lets
+accumulated drift through after a few intervals (tests/unit/test_switching.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from services.core.plan import Plan, SwitchDecision
+from services.core.planning import plan_diff, replica_names
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchConfig:
+    horizon_seconds: float = 300.0
+    hysteresis: float = 1.0
+    min_dwell_seconds: float = 120.0
+    prefill_seconds_per_token: float = 78e-6
+    rewarm_seconds: float = 60.0
+    default_prefix_tokens: float = 2048.0
+
+    def __post_init__(self) -> None:
+        for name in ("horizon_seconds", "hysteresis", "min_dwell_seconds", "prefill_seconds_per_token",
+                     "rewarm_seconds", "default_prefix_tokens"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Staleness:
+    cache: float      # prefill s/s: hot keys the active plan leaves cold, net
+    overload: float   # prefill s/s: requests past the knee under the active plan, net of the candidate's
+    total: float      # max(0, cache + overload)
+
+
+def _tokens(prefix_tokens: Mapping[str, float] | float, config: SwitchConfig):
+    if isinstance(prefix_tokens, Mapping):
+        default = config.default_prefix_tokens
+        return lambda key: prefix_tokens.get(key, default)
+    value = float(prefix_tokens)
+    return lambda key: value
+
+
+def loads_under(plan: Plan, rates: Mapping[str, float], total: float | None = None) -> list[float]:
+    """Per-replica load of `plan` if traffic arrives at `rates` (cold tail spread evenly)."""
+    loads = [0.0] * plan.replicas
+    placed = 0.0
+    for key, row in plan.table.items():
+        lam = rates.get(key, 0.0)
+        placed += lam
+        share = lam / len(row)
+        for r in row:
+            loads[r] += share
+    if total is None:
+        total = math.fsum(rates.values())
+    cold = max(0.0, total - placed) / plan.replicas
+    return [load + cold for load in loads]
+
+
+def overload(loads: list[float], q_cap: float) -> float:
+    """Requests per second past the latency knee, summed over replicas."""
+    return math.fsum(max(0.0, load - q_cap) for load in loads)
+
+
+def staleness_penalty(active: Plan, candidate: Plan, rates: Mapping[str, float],
+                      prefix_tokens: Mapping[str, float] | float, config: SwitchConfig) -> Staleness:
+    tokens = _tokens(prefix_tokens, config)
+    c = config.prefill_seconds_per_token
+    gained = math.fsum(rates.get(b, 0.0) * tokens(b) for b in candidate.table if b not in active.table)
+    lost = math.fsum(rates.get(b, 0.0) * tokens(b) for b in active.table if b not in candidate.table)
+    cache = (gained - lost) * c
+
+    total = math.fsum(rates.values())
+    spill = overload(loads_under(active, rates, total), candidate.q_cap) - \
+        overload(loads_under(candidate, rates, total), candidate.q_cap)
+    hot = set(active.table) | set(candidate.table)
+    hot_rate = math.fsum(rates.get(b, 0.0) for b in hot)
+    mean_tokens = (math.fsum(rates.get(b, 0.0) * tokens(b) for b in hot) / hot_rate if hot_rate > 0
+                   else (config.default_prefix_tokens if isinstance(prefix_tokens, Mapping) else float(prefix_tokens)))
+    over = spill * mean_tokens * c
+    return Staleness(cache=cache, overload=over, total=max(0.0, cache + over))
+
+
+def rewarm_penalty(active: Plan, candidate: Plan, rates: Mapping[str, float],
+                   prefix_tokens: Mapping[str, float] | float, config: SwitchConfig) -> float:
+    """Prefill seconds spent once warming the candidate's new key owners."""
+    tokens = _tokens(prefix_tokens, config)
+    parts = []
+    for key, row in candidate.table.items():
+        new_owners = len(set(replica_names(candidate, key)) - set(replica_names(active, key)))
+        if new_owners:
+            moved_rate = rates.get(key, 0.0) * new_owners / len(row)
+            parts.append(tokens(key) * (new_owners + moved_rate * config.rewarm_seconds))
+    return math.fsum(parts) * config.prefill_seconds_per_token
+
+
+def decide_switch(active: Plan | None, candidate: Plan, rates: Mapping[str, float],
+                  prefix_tokens: Mapping[str, float] | float, *, now: float, last_switch_at: float,
+                  config: SwitchConfig = SwitchConfig()) -> SwitchDecision:
+    """Keep or switch (module header); the figures and a one-line reason go into the decision."""
+    if active is None:
+        return SwitchDecision(True, "no active plan", churn=1.0)
+    churn = plan_diff(active, candidate).churn
+    stale = staleness_penalty(active, candidate, rates, prefix_tokens, config)
+    rewarm = rewarm_penalty(active, candidate, rates, prefix_tokens, config)
+
+    def decision(switch: bool, reason: str) -> SwitchDecision:
+        return SwitchDecision(switch, reason, staleness_penalty=stale.total, rewarm_penalty=rewarm, churn=churn)
+
+    if set(active.replica_ids) != set(candidate.replica_ids):
+        gone = sorted(set(active.replica_ids) - set(candidate.replica_ids))
+        new = sorted(set(candidate.replica_ids) - set(active.replica_ids))
+        return decision(True, f"replica set changed (gone {gone}, new {new})")
+    dwell = now - last_switch_at
+    if dwell < config.min_dwell_seconds:
+        return decision(False, f"dwell {dwell:.0f} s < {config.min_dwell_seconds:.0f} s since the last switch")
+    cost_of_keeping = stale.total * config.horizon_seconds
+    bar = rewarm * (1.0 + config.hysteresis)
+    figures = (f"staleness {stale.total:.4g} s/s x {config.horizon_seconds:.0f} s = {cost_of_keeping:.4g} s "
+               f"{{}} re-warm {rewarm:.4g} s x {1.0 + config.hysteresis:.2f}")
+    if cost_of_keeping > bar:
+        return decision(True, "switch: " + figures.format(">"))
+    return decision(False, "keep: " + figures.format("<="))

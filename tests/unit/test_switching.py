@@ -1,0 +1,135 @@
+"""The keep-or-switch rule on scripted rate histories."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from services.core.planning import build_plan
+from services.core.replan import replan_incremental
+from services.core.switching import (SwitchConfig, decide_switch, loads_under, overload, rewarm_penalty,
+                                     staleness_penalty)
+
+IDS = [f"r{i}" for i in range(8)]
+KEYS = [f"k{i}" for i in range(2000)]
+Q_CAP, W = 200.0, 25
+CONFIG = SwitchConfig()
+
+
+def base_rates(seed=1) -> np.ndarray:
+    rates = np.random.default_rng(seed).lognormal(0.0, 1.65, len(KEYS))
+    return rates * (600.0 / rates.sum())
+
+
+def as_map(rates: np.ndarray) -> dict[str, float]:
+    return dict(zip(KEYS, rates.tolist()))
+
+
+def decide(active, rates, *, candidate=None, now=1000.0, last=0.0, tokens=2048.0, config=CONFIG):
+    if candidate is None:
+        candidate = replan_incremental(active, KEYS, rates, IDS, Q_CAP, W, version=active.version + 1)
+    return decide_switch(active, candidate, as_map(rates), tokens, now=now, last_switch_at=last, config=config)
+
+
+def test_no_active_plan_switches():
+    plan = build_plan(KEYS, base_rates(), IDS, Q_CAP, W)
+    assert decide_switch(None, plan, as_map(base_rates()), 2048.0, now=0.0, last_switch_at=0.0,
+                         config=CONFIG).switch
+
+
+def test_small_drift_keeps_the_active_plan():
+    rates = base_rates()
+    active = build_plan(KEYS, rates, IDS, Q_CAP, W)
+    drifted = rates * np.exp(np.random.default_rng(2).normal(0.0, 0.05, len(KEYS)))
+    for candidate in (None, build_plan(KEYS, drifted, IDS, Q_CAP, W, version=2)):
+        d = decide(active, drifted, candidate=candidate)
+        assert not d.switch and d.reason.startswith("keep")
+        assert d.staleness_penalty * CONFIG.horizon_seconds <= d.rewarm_penalty * (1 + CONFIG.hysteresis)
+
+
+def test_new_hot_keys_switch():
+    rates = base_rates()
+    active = build_plan(KEYS, rates, IDS, Q_CAP, W)
+    shifted = rates.copy()
+    cold_keys = [i for i, k in enumerate(KEYS) if k not in active.table][:30]
+    shifted[cold_keys] = np.sort(rates)[-30:]  # thirty cold keys become as hot as the hottest
+    d = decide(active, shifted)
+    assert d.switch and d.reason.startswith("switch")
+    assert d.staleness_penalty > 0 and d.churn > 0
+    # the same shift, but too soon after the last switch
+    early = decide(active, shifted, now=100.0, last=50.0)
+    assert not early.switch and "dwell" in early.reason
+
+
+def test_alternating_noise_does_not_flap():
+    rng = np.random.default_rng(5)
+    rates = base_rates(3)
+    noise = [rng.normal(0.0, 0.15, len(KEYS)) for _ in range(2)]
+    active = build_plan(KEYS, rates, IDS, Q_CAP, W)
+    last, switches = 0.0, 0
+    for step in range(1, 41):
+        now = step * 60.0
+        current = rates * np.exp(noise[step % 2])
+        candidate = replan_incremental(active, KEYS, current, IDS, Q_CAP, W, version=active.version + 1)
+        d = decide(active, current, candidate=candidate, now=now, last=last)
+        if d.switch:
+            active, last, switches = candidate, now, switches + 1
+    assert switches <= 2
+
+
+def test_a_lasting_shift_switches_once():
+    rates = base_rates(4)
+    active = build_plan(KEYS, rates, IDS, Q_CAP, W)
+    shifted = rates[::-1].copy()  # a different set of hot keys, then it stays
+    last, switches = 0.0, 0
+    for step in range(1, 21):
+        now = step * 60.0 + 1000.0
+        candidate = replan_incremental(active, KEYS, shifted, IDS, Q_CAP, W, version=active.version + 1)
+        d = decide(active, shifted, candidate=candidate, now=now, last=last)
+        if d.switch:
+            active, last, switches = candidate, now, switches + 1
+    assert switches == 1
+
+
+def test_replica_set_change_overrides_dwell():
+    rates = base_rates()
+    active = build_plan(KEYS, rates, IDS, Q_CAP, W)
+    candidate = build_plan(KEYS, rates, IDS[:-1], Q_CAP, W, version=2)
+    d = decide(active, rates, candidate=candidate, now=10.0, last=5.0)
+    assert d.switch and "replica set changed" in d.reason and "r7" in d.reason
+
+
+def test_overload_counts_toward_staleness():
+    keys = ["hot", "a", "b", "c"]
+    ids = ["x", "y"]
+    active = build_plan(keys, [1.0, 1.0, 1.0, 1.0], ids, q_cap=5.0, warm_slots=4)
+    now = {"hot": 20.0, "a": 1.0, "b": 1.0, "c": 1.0}  # hot grows past q_cap on one replica
+    candidate = build_plan(keys, list(now.values()), ids, q_cap=5.0, warm_slots=4, version=2)
+    assert len(candidate.table["hot"]) == 2
+    assert overload(loads_under(active, now), 5.0) > overload(loads_under(candidate, now), 5.0)
+    stale = staleness_penalty(active, candidate, now, 1000.0, CONFIG)
+    assert stale.overload > 0 and stale.cache == 0.0
+
+
+def test_rewarm_counts_new_owners_by_replica_id():
+    rates = base_rates()
+    active = build_plan(KEYS, rates, IDS, Q_CAP, W)
+    assert rewarm_penalty(active, active, as_map(rates), 2048.0, CONFIG) == 0.0
+    same_ids_reordered = build_plan(KEYS, rates, IDS, Q_CAP, W)
+    assert rewarm_penalty(active, same_ids_reordered, as_map(rates), 2048.0, CONFIG) == 0.0
+    one = dict(active.table)
+    key = next(iter(one))
+    moved = dataclasses.replace(active, table={**one, key: tuple((i + 1) % 8 for i in one[key])})
+    lam = rates[KEYS.index(key)]
+    k = len(one[key])  # every owner is new: the whole rate runs cold for rewarm_seconds
+    expected = 2048.0 * (k + lam * CONFIG.rewarm_seconds) * CONFIG.prefill_seconds_per_token
+    assert rewarm_penalty(active, moved, as_map(rates), 2048.0, CONFIG) == pytest.approx(expected)
+    # a prefix-token mapping: keys without an entry use the default
+    assert rewarm_penalty(active, moved, as_map(rates), {key: 4096.0}, CONFIG) == pytest.approx(2 * expected, rel=1e-3)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="hysteresis"):
+        SwitchConfig(hysteresis=-1.0)
