@@ -32,7 +32,8 @@ pure measurement noise already shows a gain (winner's curse). On 2,000 keys / R 
 incremental candidates, S * horizon / W measured 0.7-1.2 for alternating log-rate noise of
 sigma 0.1-0.15, 1.5-2.0 for sigma 0.3, 3.7-4.3 when 5-100 cold keys turn hot, and 1.4 -> 3.0
 over six steps of a sigma-0.3 random walk; requiring 2x separates noise from shifts and lets
-accumulated drift through after a few intervals (tests/unit/test_switching.py).
+accumulated drift through after a few intervals (ad-hoc run on the fixtures of
+tests/unit/test_switching.py; see docs/architecture.md).
 """
 
 from __future__ import annotations
