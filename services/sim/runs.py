@@ -1,0 +1,114 @@
+"""Simulation runs by name: build the requests (workload or trace), the policy and the
+config, simulate, and sweep offered QPS for SLO capacity. Shared by the CLI and benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Sequence
+
+from services.core.engine import PROFILES, get_profile
+from services.core.metrics import slo_capacity
+from services.core.request import Request
+from services.sim.simulator import PLANNED, SimConfig, Simulator
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one simulation needs, picklable (runs may go to worker processes)."""
+
+    policy: str
+    qps: float | None                       # None: a trace replayed as recorded
+    replicas: int = 30
+    profile: str = "llama3-70b-fp8-h100x2"
+    duration: float | None = 300.0          # None: the whole trace
+    seed: int = 0
+    workload: str | None = "paper"
+    trace: str | None = None
+    workload_knobs: dict[str, Any] = field(default_factory=dict)
+    policy_knobs: dict[str, Any] = field(default_factory=dict)
+    q_cap: float | None = None
+    warm_slots: int | None = None
+    warmup: float | None = None
+    control_interval: float = 30.0
+
+
+def load_requests(spec: RunSpec) -> list[Request]:
+    """The spec's requests, sorted by arrival. ValueError with the valid choices if unknown."""
+    if spec.trace is not None:
+        from services.core import traces
+
+        if not os.path.isfile(spec.trace) or not os.access(spec.trace, os.R_OK):
+            raise ValueError(f"cannot read trace {spec.trace!r}")
+        if spec.trace.endswith((".jsonl", ".json")):
+            wl = traces.load_mooncake(spec.trace, qps=spec.qps, **spec.workload_knobs)
+        elif spec.trace.endswith(".csv"):
+            wl = traces.load_azure(spec.trace, qps=spec.qps, seed=spec.seed, **spec.workload_knobs)
+        else:
+            raise ValueError(f"unknown trace format {spec.trace!r}; use Mooncake .jsonl or Azure .csv")
+        reqs = wl.requests
+        if spec.duration is not None:
+            reqs = [q for q in reqs if q.arrival < spec.duration]
+        return reqs
+    from services.core.workloads import make_workload
+
+    if spec.qps is None or spec.duration is None:
+        raise ValueError("a synthetic workload needs --qps and --duration")
+    return make_workload(spec.workload, qps=spec.qps, duration=spec.duration, seed=spec.seed,
+                         **spec.workload_knobs).requests
+
+
+def check_names(policy: str | Iterable[str], profile: str) -> None:
+    from services.core.policies import POLICIES
+
+    for name in [policy] if isinstance(policy, str) else policy:
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    get_profile(profile)
+
+
+def config_for(spec: RunSpec) -> SimConfig:
+    return SimConfig(get_profile(spec.profile), spec.replicas, q_cap=spec.q_cap, warm_slots=spec.warm_slots,
+                     warmup=spec.warmup, end=spec.duration if spec.trace is None else None,
+                     control_interval=spec.control_interval)
+
+
+def run_spec(spec: RunSpec, requests: Sequence[Request] | None = None) -> dict:
+    """Simulate one spec; the JSON summary (SimResult.as_dict) plus the offered qps."""
+    from services.core.policies import make_policy
+
+    check_names(spec.policy, spec.profile)
+    reqs = requests if requests is not None else load_requests(spec)
+    if not reqs:
+        raise ValueError("no requests to simulate")
+    policy = make_policy(spec.policy, spec.replicas, seed=spec.seed, **spec.policy_knobs)
+    out = Simulator(config_for(spec), policy, reqs).run().as_dict()
+    out["offered_qps"] = spec.qps
+    return out
+
+
+def calibrated_q_cap(spec: RunSpec, requests: Sequence[Request] | None = None) -> float:
+    from services.sim import calibrate
+
+    reqs = requests if requests is not None else load_requests(spec)
+    return calibrate.q_cap_for(get_profile(spec.profile), reqs, spec.replicas)
+
+
+def sweep(spec: RunSpec, grid: Sequence[float], *, run: Callable[[list[RunSpec]], list[dict]] | None = None
+          ) -> list[dict]:
+    """One run per grid QPS (planned policies share one calibrated q_cap)."""
+    specs = [replace(spec, qps=q) for q in sorted(grid)]
+    if spec.policy in PLANNED and spec.q_cap is None:
+        q_cap = calibrated_q_cap(specs[0])
+        specs = [replace(s, q_cap=q_cap) for s in specs]
+    return (run or (lambda ss: [run_spec(s) for s in ss]))(specs)
+
+
+def capacity_report(points: list[dict], slo: float) -> dict:
+    cap = slo_capacity([(p["offered_qps"], p["ttft_p99"]) for p in points], slo)
+    return {"capacity": cap.capacity, "censored": cap.censored, "monotone": cap.monotone, "slo_p99": slo,
+            "points": points}
+
+
+PROFILE_NAMES = tuple(PROFILES)
