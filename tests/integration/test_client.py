@@ -15,7 +15,7 @@ from services.dispatcher.__main__ import serve
 from services.engine.fleet import EngineFleet
 from services.errors import Unavailable
 from services.rpc import ServerConfig, start_server
-from test_dispatcher import DEAD, dispatcher_config
+from tests.integration.test_dispatcher import DEAD, dispatcher_config
 
 FAST = RetryPolicy(rounds=3, backoff=0.01, max_backoff=0.02)
 

@@ -12,8 +12,8 @@ from services.collector.__main__ import serve as serve_collector
 from services.dispatcher.__main__ import serve
 from services.engine.fleet import EngineFleet
 from services.rpc import ServerConfig
-from test_client import Background
-from test_dispatcher import DEAD, dispatcher_config, hand_plan
+from tests.integration.test_client import Background
+from tests.integration.test_dispatcher import DEAD, dispatcher_config, hand_plan
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from services.collector.__main__ import serve as serve_collector
 from services.engine.fleet import EngineFleet
 from services.rpc import ServerConfig
 from services.store import RedisStore
-from test_dispatcher import dispatcher_config, wait_until
+from tests.integration.test_dispatcher import dispatcher_config, wait_until
 from services.dispatcher.__main__ import serve
 
 
