@@ -79,6 +79,7 @@ class SimConfig:
     warm_slots: int | None = None         # W; None: derived each interval (calibrate.warm_slots)
     w_safety: float = 0.5                 # share of the KV cache W may fill with prefixes
     prefix_oracle: bool = True            # expose ClusterState.prefix_match
+    fast_forward: bool = True             # collapse decode-only stretches (off: one event per step)
     failures: tuple[Failure, ...] = ()
     plan_fn: PlanFn | None = None
 
@@ -210,7 +211,7 @@ class Simulator:
     def _start(self, r: int, t: float) -> None:
         """Begin replica r's next step (or decode run) at t."""
         eng = self.engines[r]
-        if eng.decode_only:
+        if eng.decode_only and self.config.fast_forward:
             k = eng.decode_horizon()
             if k > 0:
                 first, growth = eng.decode_step_params()
