@@ -1,0 +1,1 @@
+"""Planner service: builds, stores and activates versioned routing plans."""

@@ -1,0 +1,288 @@
+"""The planner's control loop: lease, candidate build, keep-or-switch, activation.
+
+Each interval the lease holder reads the telemetry window, builds a candidate (churn-aware
+from the active plan when `services.core.replan` is available, else from scratch with the
+active plan as parent), asks `services.core.switching.decide_switch` whether the candidate's
+gain outweighs its re-warm cost (SPEC section 2), stores the candidate with that decision
+recorded on it, and activates it when the decision says switch: a compare-and-set on the
+version it read, fenced by its lease token, refused by the store when a version is pinned or
+the mode is flat. A standby planner keeps trying to take the lease and takes over when it
+expires; a deposed leader's activations are refused by the fencing check.
+
+Knobs: interval, window, q_cap, W (warm slots), the replica set, the switching config, the
+lease TTL (renewed every TTL/3), how many versions to keep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from services.core.plan import Plan, SwitchDecision
+from services.core.planning import build_plan, with_churn
+from services.errors import FailedPrecondition, Unavailable
+from services.rpc import kv
+from services.store import Fenced, FlatMode, Pinned, RatesSnapshot, StaleVersion, Store
+
+try:  # H1's churn-aware re-planner and switching rule; the loop degrades without them
+    from services.core import replan as _replan
+except ImportError:  # pragma: no cover - depends on what has landed
+    _replan = None
+try:
+    from services.core import switching as _switching
+except ImportError:  # pragma: no cover
+    _switching = None
+
+log = logging.getLogger("cacheroute.planner")
+
+
+def incremental_available() -> bool:
+    return _replan is not None and hasattr(_replan, "replan_incremental")
+
+
+def switching_config(knobs: Mapping[str, float]) -> object | None:
+    """The switching rule's config from NAME=VALUE knobs (ValueError for unknown names)."""
+    if _switching is None:
+        if knobs:
+            raise ValueError("switching knobs given but services.core.switching is not available")
+        return None
+    cls = _switching.SwitchConfig
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(knobs) - names)
+    if unknown:
+        raise ValueError(f"unknown switching knob(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    return cls(**knobs)
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    keys: Sequence[str]
+    rates: Sequence[float]
+    prefix_tokens: Mapping[str, float] | float
+    replica_ids: tuple[str, ...]
+    q_cap: float
+    warm_slots: int
+    snapshot_id: str = ""
+    window_seconds: float = 0.0
+
+    @classmethod
+    def from_snapshot(cls, snap: RatesSnapshot, replica_ids: Sequence[str], q_cap: float, warm_slots: int) -> "BuildInputs":
+        return cls(snap.keys, snap.rates, snap.prefix_map(), tuple(replica_ids), q_cap, warm_slots,
+                   snap.snapshot_id, snap.window_seconds)
+
+
+def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, created_at: float,
+                    incremental: bool) -> Plan:
+    """A candidate: churn-aware from `active` when asked and possible, else LPT from scratch."""
+    if incremental and active is not None and incremental_available():
+        plan = _replan.replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
+                                          inputs.warm_slots, version=version, created_at=created_at)
+        plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
+        return with_churn(plan, active) if plan.churn is None else plan
+    return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
+                      version=version, parent=active, created_at=created_at,
+                      rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
+
+
+def decide(active: Plan | None, candidate: Plan, inputs: BuildInputs, *, now: float, last_switch_at: float,
+           config: object | None) -> SwitchDecision:
+    """The switching rule when available; without it: switch only when nothing is active."""
+    if _switching is not None:
+        rates = dict(zip(inputs.keys, inputs.rates))
+        return _switching.decide_switch(active, candidate, rates, inputs.prefix_tokens, now=now,
+                                        last_switch_at=last_switch_at, config=config or _switching.SwitchConfig())
+    if active is None:
+        return SwitchDecision(True, "no active plan", churn=candidate.churn or 0.0)
+    return SwitchDecision(False, "switching rule unavailable: keeping the active plan", churn=candidate.churn or 0.0)
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    replica_ids: tuple[str, ...]
+    q_cap: float
+    warm_slots: int
+    interval: float = 30.0
+    window_seconds: float = 300.0
+    incremental: bool = True
+    switching: object | None = None
+    planner_id: str = "planner"
+    lease_ttl: float = 15.0
+    keep_versions: int = 500
+    min_arrivals: int = 1
+
+
+@dataclass
+class LoopCounters:
+    """Metric callbacks (no-ops by default)."""
+
+    built: Callable[[Plan, float], None] = lambda plan, seconds: None
+    decision: Callable[[str], None] = lambda outcome: None
+    error: Callable[[], None] = lambda: None
+    leader: Callable[[bool], None] = lambda is_leader: None
+
+
+@dataclass
+class LoopStatus:
+    leader: bool = False
+    token: int = 0
+    last_loop_at: float = 0.0
+    last_outcome: str = ""
+
+
+class ControlLoop:
+    """Lease keeping and the periodic re-plan, as two background tasks."""
+
+    def __init__(self, store: Store, config: LoopConfig, *, clock: Callable[[], float] = time.time,
+                 counters: LoopCounters | None = None, enabled: bool = True) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.counters = counters or LoopCounters()
+        self.enabled = enabled
+        self._token: int | None = None
+        self._lease_valid_until = 0.0          # monotonic; renewals that fail past this depose us
+        self._last_loop_at = 0.0
+        self._last_outcome = "not run"
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- status
+
+    @property
+    def leader(self) -> bool:
+        return self._token is not None and time.monotonic() < self._lease_valid_until
+
+    def status(self) -> LoopStatus:
+        return LoopStatus(self.leader, self._token or 0, self._last_loop_at, self._last_outcome)
+
+    # ---- lifecycle
+
+    def start(self) -> None:
+        if self.enabled:
+            self._tasks = [asyncio.create_task(self._lease_task(), name="planner-lease"),
+                           asyncio.create_task(self._loop_task(), name="planner-loop")]
+
+    async def stop(self, *, release: bool = True) -> None:
+        """Stop both tasks and give the lease up (release=False leaves it to expire, as a crash would)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._token is not None and release:
+            try:
+                await self.store.release_lease(self.config.planner_id, self._token)
+            except Unavailable:
+                pass
+            self._set_token(None)
+
+    def wake(self) -> None:
+        """Run the next iteration now (tests, and a freshly acquired lease)."""
+        self._wake.set()
+
+    # ---- lease
+
+    def _set_token(self, token: int | None) -> None:
+        was = self.leader
+        self._token = token
+        self._lease_valid_until = time.monotonic() + self.config.lease_ttl if token is not None else 0.0
+        if self.leader != was:
+            log.info("leadership changed", extra=kv(planner=self.config.planner_id, leader=self.leader, token=token))
+            self.counters.leader(self.leader)
+
+    async def keep_lease(self) -> None:
+        """One lease step: acquire when not holding it, renew when holding it."""
+        cfg = self.config
+        started = time.monotonic()
+        if self._token is None:
+            token = await self.store.acquire_lease(cfg.planner_id, cfg.lease_ttl)
+            if token is not None:
+                self._set_token(token)
+                self._lease_valid_until = started + cfg.lease_ttl
+                self.wake()
+        elif await self.store.renew_lease(cfg.planner_id, self._token, cfg.lease_ttl):
+            self._lease_valid_until = started + cfg.lease_ttl
+        else:
+            self._set_token(None)
+
+    async def _lease_task(self) -> None:
+        while True:
+            try:
+                await self.keep_lease()
+            except Unavailable as exc:
+                log.warning("lease step failed", extra=kv(error=str(exc)))
+                if self._token is not None and not self.leader:
+                    self._set_token(None)
+            await asyncio.sleep(self.config.lease_ttl / 3)
+
+    # ---- the loop
+
+    async def _loop_task(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.config.interval)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            if not self.leader:
+                continue
+            try:
+                self._last_outcome = await self.run_once(self._token)
+            except Unavailable as exc:
+                self._last_outcome = f"error: {exc}"
+                self.counters.error()
+                log.warning("control loop failed", extra=kv(error=str(exc)))
+            except Exception as exc:  # noqa: BLE001 - the loop must survive a bad interval
+                self._last_outcome = f"error: {type(exc).__name__}: {exc}"
+                self.counters.error()
+                log.exception("control loop failed")
+            self._last_loop_at = self.clock()
+
+    async def run_once(self, token: int | None) -> str:
+        """One interval; returns a one-line outcome."""
+        cfg, store, now = self.config, self.store, self.clock()
+        snap = await store.window_rates(now, cfg.window_seconds)
+        if snap.total_arrivals < cfg.min_arrivals:
+            return f"skipped: {snap.total_arrivals} arrivals in the window"
+        state, active = await store.get_active_plan()
+        last_switch_at = next(iter(await store.history(1)), None)
+        version = await store.next_version()
+        inputs = BuildInputs.from_snapshot(snap, cfg.replica_ids, cfg.q_cap, cfg.warm_slots)
+        started = time.perf_counter()
+        candidate = await asyncio.to_thread(build_candidate, inputs, active, version=version, created_at=now,
+                                            incremental=cfg.incremental)
+        decision = await asyncio.to_thread(decide, active, candidate, inputs, now=now,
+                                           last_switch_at=last_switch_at.at if last_switch_at else 0.0,
+                                           config=cfg.switching)
+        self.counters.built(candidate, time.perf_counter() - started)
+        plan = dataclasses.replace(candidate, decision=decision)
+        await store.put_plan(plan)
+        outcome = await self.apply_decision(plan, state.active_version, token, now)
+        self.counters.decision(outcome.split(":", 1)[0])
+        if cfg.keep_versions > 0:
+            await store.prune_plans(cfg.keep_versions)
+        log.info("control loop", extra=kv(version=version, outcome=outcome, keys=len(snap.keys),
+                                          admitted=plan.admitted_keys, churn=plan.churn,
+                                          imbalance=plan.predicted_imbalance, reason=decision.reason))
+        return outcome
+
+    async def apply_decision(self, plan: Plan, expected: int, token: int | None, now: float) -> str:
+        """Activate a stored candidate whose decision says switch (CAS on `expected`, fenced
+        by `token`); a one-line outcome either way."""
+        decision = plan.decision
+        if not decision.switch:
+            return f"kept: v{plan.version} stored, {decision.reason}"
+        try:
+            await self.store.activate(plan.version, expected=expected, now=now, reason=decision.reason,
+                                      fencing_token=token, automatic=True)
+        except Fenced:
+            self._set_token(None)
+            return f"refused: deposed, v{plan.version} not activated"
+        except (Pinned, FlatMode, StaleVersion) as exc:
+            return f"refused: v{plan.version} not activated, {exc}"
+        except FailedPrecondition as exc:  # pragma: no cover - other refusals
+            return f"refused: {exc}"
+        return f"switched: v{plan.version} active, {decision.reason}"

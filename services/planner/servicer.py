@@ -1,0 +1,162 @@
+"""Planner RPCs: decode, call the store or the control logic, encode. ShadowPlan is left
+to the shadow-replay service (UNIMPLEMENTED here)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections import OrderedDict
+from typing import Callable
+
+from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
+from services import codec
+from services.core.plan import Plan
+from services.core.planning import plan_diff
+from services.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.planner.control import BuildInputs, ControlLoop, build_candidate, decide, incremental_available
+from services.planner.watch import WatchHub
+from services.store import ControlState, Mode, Store, summary_of
+
+_MODE_TO_PB = {Mode.PLANNED: common_pb2.MODE_PLANNED, Mode.FLAT: common_pb2.MODE_FLAT}
+_MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
+
+
+def _control(state: ControlState, previous: int = 0) -> planner_pb2.ControlResponse:
+    return planner_pb2.ControlResponse(active_version=state.active_version, previous_version=previous,
+                                       mode=_MODE_TO_PB[state.mode], pinned_version=state.pinned_version)
+
+
+def _explicit_inputs(request: planner_pb2.BuildPlanRequest, replica_ids, q_cap, warm_slots) -> BuildInputs:
+    for r in request.rates:
+        if not (math.isfinite(r.rate) and r.rate >= 0):
+            raise InvalidArgument(f"rate for key {r.key!r} must be finite and >= 0, got {r.rate}")
+    prefix = {r.key: float(r.prefix_tokens) for r in request.rates if r.prefix_tokens}
+    return BuildInputs([r.key for r in request.rates], [r.rate for r in request.rates], prefix,
+                       replica_ids, q_cap, warm_slots)
+
+
+class PlannerServicer(planner_pb2_grpc.PlannerServicer):
+    def __init__(self, store: Store, loop: ControlLoop, hub: WatchHub, *, planner_id: str,
+                 clock: Callable[[], float]) -> None:
+        self.store = store
+        self.loop = loop
+        self.hub = hub
+        self.planner_id = planner_id
+        self.clock = clock
+        self._plans: OrderedDict[int, Plan] = OrderedDict()   # small cache of decoded plans
+
+    async def _plan(self, version: int) -> Plan:
+        if version not in self._plans:
+            self._plans[version] = await self.store.get_plan(version)
+            while len(self._plans) > 4:
+                self._plans.popitem(last=False)
+        return self._plans[version]
+
+    async def _active_version(self) -> int:
+        active = (await self.store.get_control()).active_version
+        if not active:
+            raise NotFound("no plan is active")
+        return active
+
+    # ---- reads
+
+    async def GetPlan(self, request, context):
+        plan = await self._plan(request.version or await self._active_version())
+        return codec.plan_to_proto(summary_of(plan) if request.summary_only else plan)
+
+    async def ListPlans(self, request, context):
+        limit = min(request.limit or 20, 1000)
+        state = await self.store.get_control()
+        plans = await self.store.list_plans(limit, request.before_version)
+        return planner_pb2.ListPlansResponse(
+            plans=[codec.plan_summary(p, p.version == state.active_version, p.version == state.pinned_version)
+                   for p in plans],
+            active_version=state.active_version, mode=_MODE_TO_PB[state.mode], pinned_version=state.pinned_version)
+
+    async def WatchPlans(self, request, context):
+        async with self.hub.listen() as updates:
+            state = await self.store.get_control()
+            if not (request.known_version and request.known_version == state.active_version):
+                yield await self._update(state, "initial", request.include_table)
+            while True:
+                state, event = await updates.get()
+                yield await self._update(state, event, request.include_table)
+
+    async def _update(self, state: ControlState, event: str, include_table: bool) -> planner_pb2.PlanUpdate:
+        update = planner_pb2.PlanUpdate(active_version=state.active_version, mode=_MODE_TO_PB[state.mode], event=event)
+        if state.active_version:
+            plan = await self._plan(state.active_version)
+            update.plan.CopyFrom(codec.plan_to_proto(plan if include_table else summary_of(plan)))
+        return update
+
+    async def DiffPlans(self, request, context):
+        old = await self._plan(request.from_version)
+        new = await self._plan(request.to_version or await self._active_version())
+        diff = await asyncio.to_thread(plan_diff, old, new)
+        moves = [planner_pb2.KeyMove(key=m.key, from_replicas=m.old, to_replicas=m.new, rate=m.rate)
+                 for m in diff.moves[:request.max_moves or 100]]
+        return planner_pb2.DiffPlansResponse(churn=diff.churn, keys_moved=diff.keys_moved, keys_added=diff.keys_added,
+                                             keys_removed=diff.keys_removed, moves=moves)
+
+    async def GetStatus(self, request, context):
+        state, loop = await self.store.get_control(), self.loop.status()
+        return planner_pb2.PlannerStatus(
+            planner_id=self.planner_id, leader=loop.leader, lease_fencing_token=loop.token,
+            active_version=state.active_version, mode=_MODE_TO_PB[state.mode], pinned_version=state.pinned_version,
+            mode_reason=state.mode_reason, last_loop_at=loop.last_loop_at, last_loop_outcome=loop.last_outcome,
+            latest_version=state.latest_version)
+
+    # ---- control (bearer token when configured)
+
+    async def BuildPlan(self, request, context):
+        cfg, now = self.loop.config, self.clock()
+        if request.shadow:
+            raise FailedPrecondition("the shadow gate is not available on this planner")
+        if request.incremental and not incremental_available():
+            raise FailedPrecondition("incremental re-planning is not available on this planner")
+        if request.q_cap < 0 or not math.isfinite(request.q_cap):
+            raise InvalidArgument("q_cap must be finite and > 0")
+        replicas = tuple(request.replica_ids) or cfg.replica_ids
+        q_cap, warm = request.q_cap or cfg.q_cap, request.warm_slots or cfg.warm_slots
+        if request.rates:
+            inputs = _explicit_inputs(request, replicas, q_cap, warm)
+        else:
+            snap = await self.store.window_rates(now, cfg.window_seconds)
+            if not snap.keys:
+                raise FailedPrecondition(f"no telemetry in the last {cfg.window_seconds:g}s and no explicit rates")
+            inputs = BuildInputs.from_snapshot(snap, replicas, q_cap, warm)
+        state, active = await self.store.get_active_plan()
+        last = await self.store.history(1)
+        plan = await asyncio.to_thread(build_candidate, inputs, active, version=await self.store.next_version(),
+                                       created_at=now, incremental=request.incremental)
+        decision = await asyncio.to_thread(decide, active, plan, inputs, now=now,
+                                           last_switch_at=last[0].at if last else 0.0, config=cfg.switching)
+        plan = dataclasses.replace(plan, decision=decision)
+        await self.store.put_plan(plan)
+        if request.activate:
+            await self.store.activate(plan.version, expected=request.expected_active_version, now=now,
+                                      reason="BuildPlan")
+        return planner_pb2.BuildPlanResponse(plan=codec.plan_to_proto(plan), activated=request.activate)
+
+    async def ActivatePlan(self, request, context):
+        done = await self.store.activate(request.version, expected=request.expected_active_version,
+                                         now=self.clock(), reason=request.reason or "ActivatePlan")
+        return _control(await self.store.get_control(), done.previous_version)
+
+    async def Rollback(self, request, context):
+        done = await self.store.rollback(expected=request.expected_active_version, to_version=request.to_version,
+                                         now=self.clock(), reason=request.reason or "Rollback")
+        return _control(await self.store.get_control(), done.previous_version)
+
+    async def SetMode(self, request, context):
+        if request.mode not in _MODE_FROM_PB:
+            raise InvalidArgument("mode must be MODE_PLANNED or MODE_FLAT")
+        return _control(await self.store.set_mode(_MODE_FROM_PB[request.mode], reason=request.reason or "SetMode",
+                                                  now=self.clock()))
+
+    async def PinPlan(self, request, context):
+        return _control(await self.store.pin(request.version or await self._active_version()))
+
+    async def UnpinPlan(self, request, context):
+        return _control(await self.store.unpin())
