@@ -1,0 +1,365 @@
+"""The local stack as separate processes: what `cacheroute up`, `cacheroute demo` and the
+end-to-end test run.
+
+Topology (one process each, `sys.executable -m services.<name>`, all on loopback):
+  redis-server (embedded, services.localredis) or an existing one (`redis_url`)
+  collector, planner             -> Redis
+  engine-1..N                    -> collector (cache stats)
+  dispatcher-1..M                -> engines, planner (WatchPlans), Redis (fallback), collector
+
+Ports. Every service binds port 0 (and metrics port 0) and logs its bound address in the
+"serving" line that `services.rpc.start_server` writes; the stack reads that line from
+the child's log file, so no port is picked in advance and none can be taken in between.
+A service counts as up once its grpc health check says SERVING. Tiers start in
+dependency order (collector and planner, then engines, then dispatchers); the members of
+a tier start concurrently.
+
+Stopping: tiers in reverse order; within a tier SIGTERM to every child (each service then
+goes NOT_SERVING and stops with its grace period), a wait of `grace + stop_timeout`, then
+SIGKILL for any that are left. Redis last.
+
+Children run in their own session, so a terminal's Ctrl-C reaches only the supervisor,
+which then stops them in order. On Linux they also get PR_SET_PDEATHSIG(SIGTERM): if the
+supervisor dies (even by SIGKILL) they are told to stop. The signal is tied to the thread
+that started them, so call `start()` from a thread that outlives the stack (the main one).
+
+Logs: each child's stdout and stderr go to `<log_dir>/<name>.log` (JSON lines).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+from services.healthcheck import is_serving
+from services.localredis import RedisProcess
+
+SERVICE_NAMES = {
+    "planner": "cacheroute.v1.Planner",
+    "collector": "cacheroute.v1.Collector",
+    "engine": "cacheroute.v1.Engine",
+    "dispatcher": "cacheroute.v1.Dispatcher",
+}
+
+
+class StackError(RuntimeError):
+    """The stack could not be started (a child exited or never became SERVING)."""
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    engines: int = 4
+    dispatchers: int = 2
+    profile: str = "llama3-8b-h100"
+    time_scale: float = 1.0
+    kv_blocks: int | None = None          # None: the profile's
+    planner_interval: float = 10.0        # control-loop period, seconds
+    window_seconds: float = 60.0          # telemetry window the planner reads
+    bucket_seconds: float = 1.0           # telemetry bucket width (planner and collector)
+    q_cap: float = 20.0                   # req/s per replica at the knee (8B: ~15-20, services/sim/calibrate.py)
+    warm_slots: int = 64                  # W: 440k cached tokens x 0.5 / ~3,480-token prefixes
+    planner_auto: bool = True             # run the planner's control loop
+    redis_url: str | None = None          # None: start an embedded redis-server
+    log_dir: str | None = None            # None: a new temporary directory (kept after stop)
+    log_level: str = "INFO"
+    host: str = "127.0.0.1"
+    metrics: bool = True                  # Prometheus endpoints on ephemeral ports
+    grace_seconds: float = 1.0            # each service's shutdown grace
+    start_timeout: float = 60.0           # per tier
+    stop_timeout: float = 5.0             # beyond the grace, before SIGKILL
+    seed: int | None = None               # dispatchers' P2C seeds (seed + i)
+
+    def __post_init__(self) -> None:
+        if self.engines < 1 or self.dispatchers < 1:
+            raise ValueError("a stack needs at least one engine and one dispatcher")
+        for name in ("time_scale", "planner_interval", "window_seconds", "bucket_seconds", "q_cap"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.warm_slots < 1:
+            raise ValueError("warm_slots must be >= 1")
+        if self.log_level.upper() not in ("DEBUG", "INFO"):
+            raise ValueError("log_level must be DEBUG or INFO (the stack reads the 'serving' log line)")
+
+
+@dataclass
+class Child:
+    """One service process."""
+
+    name: str                      # "planner", "engine-2", ...
+    kind: str                      # services.<kind>
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    address: str = ""
+    metrics_port: int | None = None
+    stopping: bool = False
+    exit_reported: bool = False
+    _log_offset: int = 0
+
+    @property
+    def service(self) -> str:
+        return SERVICE_NAMES[self.kind]
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def read_bound_address(self) -> bool:
+        """Scan new log output for the 'serving' line; True once the address is known."""
+        if self.address:
+            return True
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_offset)
+                data = fh.read()
+        except OSError:
+            return False
+        end = data.rfind(b"\n") + 1
+        self._log_offset += end
+        for line in data[:end].splitlines():
+            doc = parse_serving_line(line)
+            if doc is not None:
+                self.address = doc["address"]
+                self.metrics_port = doc.get("metrics_port")
+                return True
+        return False
+
+
+def parse_serving_line(line: bytes) -> dict[str, Any] | None:
+    """The fields of services.rpc's "serving" JSON log line, or None for any other line."""
+    if b'"serving"' not in line:
+        return None
+    try:
+        doc = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(doc, dict) and doc.get("msg") == "serving" and isinstance(doc.get("address"), str):
+        return doc
+    return None
+
+
+def _pdeathsig() -> Callable[[], None] | None:
+    """A preexec_fn asking Linux to SIGTERM the child when its parent thread dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl = libc.prctl
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, sigterm)
+
+    return preexec
+
+
+class Stack:
+    """`Stack(config).start()` ... `stop()`; or `with Stack(config) as stack: ...`."""
+
+    def __init__(self, config: StackConfig = StackConfig()) -> None:
+        self.config = config
+        self.log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="cacheroute-stack-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.redis: RedisProcess | None = None
+        self.redis_url = config.redis_url or ""
+        self.tiers: list[list[Child]] = []
+        self._preexec = _pdeathsig()
+
+    # ------------------------------------------------------------ addresses
+
+    @property
+    def children(self) -> list[Child]:
+        return [c for tier in self.tiers for c in tier]
+
+    def child(self, name: str) -> Child:
+        for c in self.children:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def of_kind(self, kind: str) -> list[Child]:
+        return [c for c in self.children if c.kind == kind]
+
+    @property
+    def planner(self) -> str:
+        return self.child("planner").address
+
+    @property
+    def collector(self) -> str:
+        return self.child("collector").address
+
+    @property
+    def dispatchers(self) -> list[str]:
+        return [c.address for c in self.of_kind("dispatcher")]
+
+    @property
+    def engines(self) -> dict[str, str]:
+        return {c.name: c.address for c in self.of_kind("engine")}
+
+    def describe(self) -> dict[str, Any]:
+        """Addresses, metrics ports, pids and log files, for `cacheroute up --json`."""
+        services = [{"name": c.name, "kind": c.kind, "address": c.address, "metrics_port": c.metrics_port,
+                     "pid": c.proc.pid if c.proc else None, "log": str(c.log_path)} for c in self.children]
+        return {"redis": self.redis_url, "redis_embedded": self.redis is not None, "log_dir": str(self.log_dir),
+                "planner": self.planner, "collector": self.collector, "dispatchers": self.dispatchers,
+                "services": services}
+
+    # ------------------------------------------------------------ start
+
+    def start(self) -> "Stack":
+        """Start everything and wait until every service is SERVING; StackError (after
+        stopping what did start) if one exits or times out."""
+        try:
+            if not self.redis_url:
+                self.redis = RedisProcess(host=self.config.host).start()
+                self.redis_url = self.redis.url
+            self._start_tier([self._collector(), self._planner()])
+            self._start_tier([self._engine(i) for i in range(1, self.config.engines + 1)])
+            self._start_tier([self._dispatcher(i) for i in range(1, self.config.dispatchers + 1)])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_tier(self, tier: list[Child]) -> None:
+        self.tiers.append(tier)
+        for child in tier:
+            self._spawn(child)
+        deadline = time.monotonic() + self.config.start_timeout
+        waiting = list(tier)
+        while waiting:
+            for child in list(waiting):
+                if child.returncode is not None:
+                    raise StackError(f"{child.name} exited with code {child.returncode} while starting; "
+                                     f"log {child.log_path}:\n{child.log_tail()}")
+                if child.read_bound_address() and is_serving(child.address, child.service, timeout=1.0):
+                    waiting.remove(child)
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(c.name for c in waiting)
+                raise StackError(f"not SERVING after {self.config.start_timeout:g}s: {names} (logs in {self.log_dir})")
+            if waiting:
+                time.sleep(0.05)
+
+    def _spawn(self, child: Child) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(child.log_path, "ab") as log:
+            child.proc = subprocess.Popen([sys.executable, "-m", f"services.{child.kind}", *child.args],
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                          start_new_session=True, preexec_fn=self._preexec)
+
+    # ------------------------------------------------------------ children's command lines
+
+    def _common(self) -> list[str]:
+        cfg = self.config
+        return ["--host", cfg.host, "--port", "0", "--metrics-host", cfg.host,
+                "--metrics-port", "0" if cfg.metrics else "-1", "--grace-seconds", f"{cfg.grace_seconds:g}",
+                "--log-level", cfg.log_level.upper()]
+
+    def _new_child(self, name: str, kind: str, args: list[str]) -> Child:
+        path = self.log_dir / f"{name}.log"
+        path.write_bytes(b"")
+        return Child(name, kind, self._common() + args, path)
+
+    def _store_args(self) -> list[str]:
+        return ["--redis", self.redis_url, "--bucket-seconds", f"{self.config.bucket_seconds:g}"]
+
+    def _collector(self) -> Child:
+        return self._new_child("collector", "collector",
+                               self._store_args() + ["--window", f"{self.config.window_seconds:g}"])
+
+    def _planner(self) -> Child:
+        cfg = self.config
+        ids = ",".join(f"engine-{i}" for i in range(1, cfg.engines + 1))
+        return self._new_child("planner", "planner", self._store_args() + [
+            "--replicas", ids, "--q-cap", f"{cfg.q_cap:g}", "--warm-slots", str(cfg.warm_slots),
+            "--interval", f"{cfg.planner_interval:g}", "--window", f"{cfg.window_seconds:g}",
+            "--planner-id", f"planner-{os.getpid()}", "--auto", "1" if cfg.planner_auto else "0"])
+
+    def _engine(self, i: int) -> Child:
+        cfg = self.config
+        args = ["--replica-id", f"engine-{i}", "--profile", cfg.profile, "--time-scale", f"{cfg.time_scale:g}",
+                "--collector", self.collector]
+        if cfg.kv_blocks:
+            args += ["--kv-blocks", str(cfg.kv_blocks)]
+        return self._new_child(f"engine-{i}", "engine", args)
+
+    def _dispatcher(self, i: int) -> Child:
+        cfg = self.config
+        replicas = ",".join(f"{name}={address}" for name, address in self.engines.items())
+        args = ["--replicas", replicas, "--planner", self.planner, "--redis", self.redis_url,
+                "--collector", self.collector, "--dispatcher-id", f"dispatcher-{i}"]
+        if cfg.seed is not None:
+            args += ["--seed", str(cfg.seed + i)]
+        return self._new_child(f"dispatcher-{i}", "dispatcher", args)
+
+    # ------------------------------------------------------------ watch and stop
+
+    def poll(self) -> list[Child]:
+        """Children that exited since the last call without being asked to stop."""
+        died = []
+        for child in self.children:
+            if not child.stopping and not child.exit_reported and child.returncode is not None:
+                child.exit_reported = True
+                died.append(child)
+        return died
+
+    def terminate(self, name: str, *, kill: bool = False, wait: float = 10.0) -> int | None:
+        """Stop one child on purpose (fault injection); its exit code."""
+        child = self.child(name)
+        child.stopping = True
+        return self._stop_children([child], kill=kill, wait=wait)[0]
+
+    def stop(self) -> None:
+        """Stop every child (reverse tier order), then Redis. Safe to call twice."""
+        wait = self.config.grace_seconds + self.config.stop_timeout
+        for tier in reversed(self.tiers):
+            self._stop_children(tier, wait=wait)
+        if self.redis is not None:
+            self.redis.close()
+            self.redis = None
+
+    @staticmethod
+    def _stop_children(children: list[Child], *, kill: bool = False, wait: float = 5.0) -> list[int | None]:
+        live = [c for c in children if c.proc is not None and c.proc.poll() is None]
+        for c in children:
+            c.stopping = True
+        for c in live:
+            _signal(c.proc, signal.SIGKILL if kill else signal.SIGTERM)
+        deadline = time.monotonic() + wait
+        for c in live:
+            try:
+                c.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(c.proc, signal.SIGKILL)
+                c.proc.wait(5)
+        return [c.returncode for c in children]
+
+    def __enter__(self) -> "Stack":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:  # exited meanwhile
+        pass
