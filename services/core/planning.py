@@ -15,7 +15,14 @@ The rule (SPEC section 1; CacheRoute paper, arXiv 2608.19677, section 3):
              index) and adds lambda_b / k_b to each.
 
 Knobs: the replica set (R), q_cap (req/s one replica carries at the latency knee), W (warm
-slots per replica). Output: a `Plan` with the table, per-replica expected load (sums to the
+slots per replica), `admission`:
+  "rate"     (default) the paper's rule above.
+  "density"  byte-aware admission (ours): rank keys by value density lambda_b * P_b / k_b, the
+             prefill tokens per second a warm slot saves (P_b = reusable prefix tokens, passed as
+             `prefix_tokens`), ties rate desc then key asc; same skip-and-continue budget scan. A
+             hot key with a short prefix saves little per slot, so it no longer crowds out a
+             slightly cooler key with a long one. Placement still runs LPT over the admitted keys
+             in rate order, so balance is unchanged. Output: a `Plan` with the table, per-replica expected load (sums to the
 total rate) and predicted imbalance max/mean.
 
 Speed (the control path rebuilds every interval): admission is vectorised. Sizes are
@@ -198,14 +205,22 @@ def imbalance(loads: Sequence[float]) -> float:
 
 def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica_ids: Sequence[str],
                q_cap: float, warm_slots: int, *, version: int = 1, parent: Plan | None = None,
-               created_at: float = 0.0, rates_snapshot_id: str = "", window_seconds: float = 0.0) -> Plan:
-    """Size, admit and place (module header). `churn` is filled in when `parent` is given."""
+               created_at: float = 0.0, rates_snapshot_id: str = "", window_seconds: float = 0.0,
+               admission: str = "rate", prefix_tokens: Sequence[float] | np.ndarray | None = None) -> Plan:
+    """Size, admit and place (module header). `churn` is filled in when `parent` is given.
+    `prefix_tokens` (per key, aligned with `keys`) is needed by admission="density" only."""
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
     check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots)
     replicas = len(replica_ids)
     sizes = size_keys(rate_arr, q_cap, replicas)
-    chosen = admit(keys, rate_arr, sizes, replicas * int(warm_slots))
+    if admission == "rate":
+        chosen = admit(keys, rate_arr, sizes, replicas * int(warm_slots))
+    elif admission == "density":
+        chosen = admit_by_density(keys, rate_arr, sizes, _prefix_array(prefix_tokens, len(keys)),
+                                  replicas * int(warm_slots))
+    else:
+        raise ValueError(f"unknown admission {admission!r}; valid: {', '.join(ADMISSIONS)}")
     chosen_rates = rate_arr[chosen]
     total = float(rate_arr.sum())
     admitted_rate = float(chosen_rates.sum())
@@ -229,8 +244,45 @@ def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica
         builder="lpt",
         rates_snapshot_id=rates_snapshot_id,
         window_seconds=float(window_seconds),
+        extra={"admission": admission} if admission != "rate" else {},
     )
     return with_churn(plan, parent)
+
+
+ADMISSIONS = ("rate", "density")
+
+
+def _prefix_array(prefix_tokens: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray:
+    if prefix_tokens is None:
+        raise ValueError("admission 'density' needs prefix_tokens per key")
+    arr = np.asarray(prefix_tokens, dtype=np.float64)
+    if arr.shape != (n,):
+        raise ValueError(f"got {n} keys but {arr.size} prefix token counts")
+    if (~np.isfinite(arr) | (arr < 0)).any():
+        raise ValueError("prefix token counts must be finite and >= 0")
+    return arr
+
+
+def admit_by_density(keys: Sequence[str], rates: np.ndarray, sizes: np.ndarray, prefix: np.ndarray,
+                     budget: int) -> np.ndarray:
+    """Admitted key indices for byte-aware admission, in placement order (rate desc, key asc).
+
+    Rank by lambda_b * P_b / k_b desc (ties: rate desc, key asc), skip-and-continue while sum
+    k_b <= budget. Keys with zero rate or zero reusable prefix save nothing and are never admitted.
+    """
+    density = rates * prefix / sizes
+    useful = np.flatnonzero(density > 0)
+    ranked = sorted(useful.tolist(), key=lambda i: (-density[i], -rates[i], keys[i]))
+    chosen, used = [], 0
+    for i in ranked:
+        k = int(sizes[i])
+        if used + k <= budget:
+            chosen.append(i)
+            used += k
+            if used == budget:
+                break
+    chosen.sort(key=lambda i: (-rates[i], keys[i]))
+    return np.asarray(chosen, dtype=np.int64)
 
 
 def _cold_load(rates: np.ndarray, chosen: np.ndarray, replicas: int) -> float:
