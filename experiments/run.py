@@ -1,0 +1,213 @@
+"""Reproduce the paper's experiments on the simulator (docs/experiments.md).
+
+  .venv/bin/python -m experiments.run NAME [--print]     run one experiment (or `all`)
+  .venv/bin/python -m experiments.run summarize          tables from the stored results
+
+Capacity experiments are the product's own command, `cacheroute sim compare`, with the
+arguments listed in COMPARE (`--print` shows them instead of running); each writes
+results.json, table.md and plots under experiments/results/<name>/. `drift` runs
+experiments/drift.py and writes experiments/results/drift/. `summarize` reads every stored
+result and prints the markdown tables of docs/experiments.md (ours next to the paper's).
+
+Settings chosen once for every policy (docs/experiments.md, "Setup"): 150 s of arrivals,
+60 s warm-up (two 30 s control intervals, so planned policies are measured on their second
+and later plans), p99 TTFT SLO 3.5 s, q_cap calibrated per workload, W derived from the KV
+size, seed 0, at most two worker processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import orjson
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(ROOT, "results")
+MOONCAKE = "/work/shared/data/mooncake"
+
+ALL_POLICIES = "flat,sticky,chwbl,sglang,llmd,dynamo,preble,dualmap,cacheroute"
+SYNTH = ["--duration", "150", "--warmup", "60", "--jobs", "2"]
+FLAGSHIP_GRID = "20,50,100,150,200,250,300"
+
+COMPARE: dict[str, list[str]] = {
+    "flagship-k128": ["sim", "compare", "--workload", "paper", "--active-set", "128", "--policies", ALL_POLICIES,
+                      "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    "flagship-k256": ["sim", "compare", "--workload", "paper", "--active-set", "256", "--policies", ALL_POLICIES,
+                      "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    "ablation": ["sim", "compare", "--profile", "llama3-8b-h100", "--workload", "whale",
+                 "--policies", "flat,affinity,affinity-replication,cacheroute",
+                 "--qps-grid", "60,120,180,240,300,360,420,500", "--slo-p99", "3.5", *SYNTH],
+    "low-reuse": ["sim", "compare", "--workload", "low-reuse", "--policies", "flat,cacheroute",
+                  "--qps-grid", "10,20,30,40,50,60,80", "--slo-p99", "3.5", *SYNTH],
+    "burst": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--policies", "flat,cacheroute",
+              "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    # traces: 8B profile, 8 replicas (docs/experiments.md, experiment f, says why)
+    "mooncake-conversation": ["sim", "compare", "--trace", f"{MOONCAKE}/conversation_trace.first_half.jsonl",
+                              "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", ALL_POLICIES,
+                              "--qps-grid", "2,4,6,8,10,12,16", "--slo-p99", "10", "--jobs", "2"],
+    "mooncake-synthetic": ["sim", "compare", "--trace", f"{MOONCAKE}/synthetic_trace.jsonl",
+                           "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", ALL_POLICIES,
+                           "--qps-grid", "2,4,6,8,10,12,16", "--slo-p99", "10", "--jobs", "2"],
+}
+EXPERIMENTS = (*COMPARE, "drift")
+
+
+def command(name: str) -> list[str]:
+    return [*COMPARE[name], "--out", os.path.relpath(os.path.join(RESULTS, name))]
+
+
+def run(name: str) -> int:
+    if name == "drift":
+        from experiments import drift, plots
+
+        out = drift.run(drift.DriftSetup())
+        path = os.path.join(RESULTS, "drift")
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "results.json"), "wb") as f:
+            f.write(orjson.dumps(out, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        plots.drift_series(out, os.path.join(path, "hit_rate_over_time.png"))
+        sys.stdout.write(drift_table(out))
+        return 0
+    from clients.cli import main
+
+    return main(command(name))
+
+
+# ------------------------------------------------------------------ summaries
+
+def load(name: str) -> dict | None:
+    path = os.path.join(RESULTS, name, "results.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return orjson.loads(f.read())
+
+
+def point(report: dict, qps: float) -> dict | None:
+    return next((p for p in report["points"] if p["offered_qps"] == qps), None)
+
+
+def fmt(x, digits=2, pct=False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return f"{100 * x:.1f}%" if pct else f"{x:.{digits}f}"
+
+
+def capacity(report: dict) -> str:
+    cap = f"{report['capacity']:g}"
+    if report["censored"] == "right":
+        return f">= {cap} (right-censored)"
+    if report["censored"] == "left":
+        return f"< {min(p['offered_qps'] for p in report['points']):g} (left-censored)"
+    return cap
+
+
+def policy_table(results: dict, rows: list[str], hit_qps: float, p99_qps: float,
+                 paper: dict[str, tuple] | None = None, imbalance_qps: float | None = None) -> str:
+    head = ["policy", f"hit @{hit_qps:g}", "capacity (QPS)", f"p99 TTFT s @{p99_qps:g}"]
+    if imbalance_qps is not None:
+        head.append(f"imbalance @{imbalance_qps:g}")
+    if paper:
+        head += ["paper hit", "paper capacity", "paper p99 @100"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for policy in rows:
+        r = results.get(policy)
+        if r is None:
+            continue
+        hp, pp = point(r, hit_qps), point(r, p99_qps)
+        cells = [policy, fmt(hp and hp["hit_rate"], pct=True), capacity(r), fmt(pp and pp["ttft_p99"])]
+        if imbalance_qps is not None:
+            ip = point(r, imbalance_qps)
+            cells.append(fmt(ip and ip["imbalance"]) + "x")
+        if paper:
+            cells += list(paper.get(policy, ("-", "-", "-")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+PAPER_FLAGSHIP = {"flat": ("64.1%", "42", "5.7"), "sticky": ("87.3%", "30", "8.5"),
+                  "chwbl": ("75.6%", "64", "3.8"), "dualmap": ("88.7%", "58", "5.3"),
+                  "preble": ("72.0%", "76", "3.8"), "cacheroute": ("93.2%", "176", "1.8")}
+PAPER_ABLATION = {"flat": ("56%", "240", "1.00x"), "affinity": ("88%", "240", "3.46x"),
+                  "affinity-replication": ("88%", "240", "2.60x"), "cacheroute": ("90%", ">= 500", "1.24x")}
+
+
+def drift_table(out: dict) -> str:
+    lines = ["| mode | hit rate | p99 TTFT s | churn per install | install dips (points) | worst epoch vs scratch |",
+             "|---|---|---|---|---|---|"]
+    modes = out["modes"]
+    base = modes.get("scratch")
+    for mode, m in modes.items():
+        churn = [i["churn"] for i in m["installs"] if i["churn"] is not None]
+        dips = [d["dip_points"] for d in m["dips"]]
+        worst = "-"
+        if base is not None and mode != "scratch":
+            diffs = [(100 * (e["hit_rate"] - b["hit_rate"]), e["ttft_p99"] - b["ttft_p99"])
+                     for e, b in zip(m["epochs"], base["epochs"])]
+            hit_d = min(d[0] for d in diffs)
+            p99_d = max(d[1] for d in diffs)
+            worst = f"{hit_d:+.1f} pts, {1000 * p99_d:+.0f} ms p99"
+        lines.append("| " + " | ".join([
+            mode, fmt(m["hit_rate"], pct=True), fmt(m["ttft_p99"]),
+            (f"{100 * min(churn):.0f}-{100 * max(churn):.0f}%" if churn else "-") + f" ({len(m['installs'])} installs)",
+            (f"{min(dips):+.1f} .. {max(dips):+.1f}" if dips else "-"), worst]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summarize() -> str:
+    parts = []
+    for name in ("flagship-k128", "flagship-k256"):
+        res = load(name)
+        if res:
+            parts.append(f"### {name}\n\n" + policy_table(res, list(res), 100, 100, PAPER_FLAGSHIP))
+    res = load("ablation")
+    if res:
+        head = "| policy | hit @240 | imbalance @240 | capacity (QPS) | p99 s @240 | paper hit | paper capacity | paper imbalance |"
+        lines = [head, "|---|---|---|---|---|---|---|---|"]
+        for policy, r in res.items():
+            p = point(r, 240)
+            paper = PAPER_ABLATION.get(policy, ("-",) * 3)
+            lines.append(f"| {policy} | {fmt(p['hit_rate'], pct=True)} | {fmt(p['imbalance'])}x | {capacity(r)} | "
+                         f"{fmt(p['ttft_p99'])} | {paper[0]} | {paper[1]} | {paper[2]} |")
+        parts.append("### ablation\n\n" + "\n".join(lines) + "\n")
+    for name, hit_q in (("low-reuse", 40), ("burst", 100)):
+        res = load(name)
+        if res:
+            parts.append(f"### {name}\n\n" + policy_table(res, list(res), hit_q, hit_q))
+    for name, hit_q in (("mooncake-conversation", 4), ("mooncake-synthetic", 4)):
+        res = load(name)
+        if res:
+            parts.append(f"### {name}\n\n" + policy_table(res, list(res), hit_q, hit_q))
+    drift_out = load("drift")
+    if drift_out:
+        parts.append("### drift\n\n" + drift_table(drift_out))
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="experiments.run", description=__doc__.splitlines()[0])
+    ap.add_argument("name", choices=(*EXPERIMENTS, "all", "summarize"))
+    ap.add_argument("--print", action="store_true", help="print the cacheroute command instead of running it")
+    args = ap.parse_args(argv)
+    if args.name == "summarize":
+        sys.stdout.write(summarize())
+        return 0
+    names = EXPERIMENTS if args.name == "all" else (args.name,)
+    for name in names:
+        if args.print:
+            print("drift: .venv/bin/python -m experiments.run drift" if name == "drift"
+                  else "cacheroute " + " ".join(command(name)))
+            continue
+        rc = run(name)
+        if rc:
+            return rc
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""experiments/: plan-lifecycle modes, per-request time series, install dips, commands."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from experiments import drift, run
+from services.core.planning import build_plan
+from services.sim.simulator import PlanRecord
+
+KEYS = [f"k{i}" for i in range(40)]
+RATES = [40.0 / (i + 1) for i in range(40)]
+
+
+def call(fn, active, rates, now=60.0, version=2, warm_slots=10):
+    return fn(now=now, keys=KEYS, rates=rates, healthy=[True] * 6, active=active, q_cap=5.0,
+              warm_slots=warm_slots, version=version, replicas=6, window=30.0)
+
+
+def perturbed(seed):
+    rng = np.random.default_rng(seed)
+    return (np.asarray(RATES) * np.exp(rng.normal(0, 0.3, len(RATES)))).tolist()
+
+
+def test_first_call_builds_a_plan_in_every_mode():
+    for mode in drift.MODES:
+        plan = call(drift.plan_fn_for(mode, 3000.0), None, RATES, version=1)
+        assert plan.version == 1 and plan.admitted_keys > 0
+
+
+def test_stale_keeps_the_active_plan_and_scratch_replaces_it():
+    first = build_plan(KEYS, RATES, [f"r{j}" for j in range(6)], 5.0, 10)
+    assert call(drift.plan_fn_for("stale", 3000.0), first, perturbed(1)) is first
+    fresh = call(drift.plan_fn_for("scratch", 3000.0), first, perturbed(1))
+    assert fresh is not first and fresh.version == 2 and fresh.churn is not None
+
+
+def test_incremental_moves_less_than_scratch():
+    first = build_plan(KEYS, RATES, [f"r{j}" for j in range(6)], 5.0, 10)
+    rates = perturbed(2)
+    inc = call(drift.plan_fn_for("incremental", 3000.0), first, rates)
+    scratch = call(drift.plan_fn_for("scratch", 3000.0), first, rates)
+    assert inc.builder == "incremental"
+    assert inc.churn < scratch.churn
+
+
+def test_planner_mode_respects_dwell():
+    fn = drift.plan_fn_for("planner", 3000.0)
+    first = call(fn, None, RATES, now=30.0, version=1, warm_slots=2)
+    # 12 slots: only the hottest keys are admitted. Flip the hot set: within the default
+    # 120 s dwell the active plan is kept; after it, staleness beats re-warm and it switches;
+    # flipping back 30 s later is refused again
+    shifted = list(reversed(RATES))
+    assert call(fn, first, shifted, now=60.0, warm_slots=2) is first
+    second = call(fn, first, shifted, now=200.0, warm_slots=2)
+    assert second is not first and second.builder == "incremental"
+    third = call(fn, second, RATES, now=230.0, version=3, warm_slots=2)
+    assert third is second
+
+
+def test_unknown_mode():
+    with pytest.raises(ValueError, match="unknown mode"):
+        drift.plan_fn_for("sometimes", 1.0)
+
+
+def fake_result(arrival, ttft, cached, prompt, plans=(), end=None):
+    a = np.asarray(arrival, dtype=float)
+    return SimpleNamespace(arrival=a, ttft=np.asarray(ttft, dtype=float), cached=np.asarray(cached),
+                           prompt=np.asarray(prompt), failed=np.zeros(len(a), dtype=bool),
+                           plans=list(plans), end=end if end is not None else float(a.max()) + 1)
+
+
+def test_hit_series_is_token_weighted_per_bin_and_skips_unserved():
+    res = fake_result([0.5, 1.0, 6.0, 7.0, 12.0], [0.1, 0.1, 0.1, math.nan, 0.1],
+                      [100, 0, 50, 999, 0], [100, 300, 100, 1000, 100], end=15.0)
+    t, rate = drift.hit_series(res, 5.0)
+    assert t.tolist() == [0.0, 5.0, 10.0]
+    assert rate[0] == pytest.approx(0.25) and rate[1] == pytest.approx(0.5) and rate[2] == 0.0
+
+
+def test_window_stats_counts_unfinished_as_infinite_p99():
+    res = fake_result([1.0, 2.0], [0.2, math.nan], [0, 0], [10, 10])
+    assert math.isinf(drift.window_stats(res, 0.0, 3.0)["ttft_p99"])
+    assert drift.window_stats(res, 0.0, 1.5)["ttft_p99"] == pytest.approx(0.2)
+
+
+def test_install_dips_compare_after_with_before():
+    rec = lambda v, at: PlanRecord(v, at, 1, 1, 1.0, 1.0, 0.9 if v > 1 else None, 1.0, 1)  # noqa: E731
+    res = fake_result([5, 8, 12, 15], [0.1] * 4, [90, 90, 40, 40], [100] * 4, plans=[rec(1, 0.0), rec(2, 10.0)])
+    dips = drift.install_dips(res, 10.0)
+    assert len(dips) == 1 and dips[0]["dip_points"] == pytest.approx(-50.0)
+
+
+def test_tiny_drift_run_stale_installs_once():
+    setup = drift.DriftSetup(qps=20.0, interval=10.0, epochs=3, active_set=16, replicas=4,
+                             profile="llama3-8b-h100", bin_seconds=5.0, probe=5.0)
+    wl = drift.workload(setup)
+    _, stale = drift.run_mode(setup, "stale", wl, q_cap=8.0)
+    _, scratch = drift.run_mode(setup, "scratch", wl, q_cap=8.0)
+    assert len(stale["installs"]) == 1 and len(scratch["installs"]) == 2
+    assert len(scratch["dips"]) == 1 and len(stale["dips"]) == 0
+    assert len(scratch["epochs"]) == 2 and 0.0 < scratch["hit_rate"] <= 1.0
+    assert len(scratch["series"]["t"]) == 6
+
+
+def test_commands_are_the_products_own(capsys):
+    assert run.main(["flagship-k128", "--print"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("cacheroute sim compare ") and "--out" in line and "--slo-p99 3.5" in line
+    for name in run.COMPARE:
+        from clients.cli import build_parser
+
+        args = build_parser().parse_args(run.command(name))   # every stored command parses
+        assert args.sim_command == "compare"
+
+
+def test_capacity_wording():
+    pts = [{"offered_qps": 10}, {"offered_qps": 20}]
+    assert run.capacity({"capacity": 20, "censored": "right", "points": pts}) == ">= 20 (right-censored)"
+    assert run.capacity({"capacity": 0, "censored": "left", "points": pts}) == "< 10 (left-censored)"
+    assert run.capacity({"capacity": 10, "censored": "none", "points": pts}) == "10"
