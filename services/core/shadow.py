@@ -24,8 +24,11 @@ seconds.
 Fallback. `fallback_check(validated, observed)` -> (mode, reason) with mode "planned" or
 "flat": flat when there is no passed report, when the active-key count leaves
 [validated / (1 + key_tolerance), validated * (1 + key_tolerance)], or when the p99 measured
-under the plan exceeds the validated candidate p99 * (1 + p99_tolerance) + p99_slack. A p99
-measured while flat says nothing about the plan and is ignored, so a freshly passed candidate
+under the plan exceeds max(validated candidate p99 * (1 + p99_tolerance) + p99_slack, validated
+flat p99). The second term: the replay starts cold and keeps one plan fixed, so the live p99
+(re-plans, re-warms) runs above the replayed one; while it stays below what Flat-LB gave on
+the same traffic the plan is still no worse than flat. A p99 measured over a window that was
+not wholly planned says nothing about the plan and is ignored, so a freshly passed candidate
 brings the system back to planned.
 
 Knobs (ShadowConfig, FallbackConfig) carry documented defaults. Pure: no clocks, no I/O;
@@ -248,7 +251,7 @@ class Observed:
 
     active_keys: int            # distinct keys seen
     ttft_p99: float             # seconds; nan when unknown
-    mode: Mode = "planned"      # the mode the p99 was measured under
+    mode: Mode = "planned"      # "planned" only if the whole window was routed by the plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +266,8 @@ def validated_range(validated: ShadowReport, config: FallbackConfig = FallbackCo
     """((min keys, max keys), max p99 seconds) a passed report vouches for."""
     k = validated.active_keys
     keys = (k / (1 + config.key_tolerance), k * (1 + config.key_tolerance))
-    return keys, validated.candidate_ttft_p99 * (1 + config.p99_tolerance) + config.p99_slack
+    band = validated.candidate_ttft_p99 * (1 + config.p99_tolerance) + config.p99_slack
+    return keys, max(band, validated.flat_ttft_p99)
 
 
 def fallback_check(validated: ShadowReport | None, observed: Observed,

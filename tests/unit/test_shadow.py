@@ -124,7 +124,8 @@ def test_replay_needs_enough_records_and_matching_replicas():
         shadow_replay(recs, plan_for(recs, replicas=3), SMALL)
 
 
-PASSED = ShadowReport(ran=True, passed=True, reason="ok", active_keys=100, candidate_ttft_p99=1.0)
+PASSED = ShadowReport(ran=True, passed=True, reason="ok", active_keys=100, candidate_ttft_p99=1.0,
+                      flat_ttft_p99=1.2)
 
 
 @pytest.mark.parametrize("validated, observed, mode", [
@@ -137,6 +138,10 @@ PASSED = ShadowReport(ran=True, passed=True, reason="ok", active_keys=100, candi
     (PASSED, Observed(60, 1.0), "flat"),                  # too few (< 100 / 1.5)
     (PASSED, Observed(100, 1.8), "flat"),                 # p99 left the range under the plan
     (PASSED, Observed(100, 9.0, mode="flat"), "planned"),  # flat's p99 says nothing about the plan
+    (ShadowReport(ran=True, passed=True, active_keys=100, candidate_ttft_p99=1.0, flat_ttft_p99=4.0),
+     Observed(100, 3.9), "planned"),                    # still better than flat was on this traffic
+    (ShadowReport(ran=True, passed=True, active_keys=100, candidate_ttft_p99=1.0, flat_ttft_p99=4.0),
+     Observed(100, 4.1), "flat"),
 ])
 def test_fallback_check(validated, observed, mode):
     got, reason = fallback_check(validated, observed, FallbackConfig(key_tolerance=0.5, p99_tolerance=0.5,
