@@ -19,10 +19,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.v1 import engine_pb2, engine_pb2_grpc
 from services.dispatcher.router import Router
-from services.rpc import TLSFiles, aio_channel, kv
+from services.rpc import TLSFiles, channel_options, kv
 
 log = logging.getLogger("cacheroute.dispatcher.monitor")
 SERVING = health_pb2.HealthCheckResponse.SERVING
+# gRPC's default reconnect backoff starts at 1 s; a restarted replica must be back sooner.
+RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+             ("grpc.max_reconnect_backoff_ms", 500)]
+
+
+def replica_channel(address: str, tls: TLSFiles | None) -> grpc.aio.Channel:
+    creds = tls.channel_credentials() if tls else None
+    opts = channel_options() + RECONNECT
+    return grpc.aio.secure_channel(address, creds, opts) if creds else grpc.aio.insecure_channel(address, opts)
 
 
 class ReplicaMonitor:
@@ -39,7 +48,7 @@ class ReplicaMonitor:
 
     def open(self) -> None:
         for replica in self.router.replicas:
-            channel = aio_channel(replica.address, self._tls)
+            channel = replica_channel(replica.address, self._tls)
             self.channels.append(channel)
             self.engines.append(engine_pb2_grpc.EngineStub(channel))
             self._health.append(health_pb2_grpc.HealthStub(channel))

@@ -83,15 +83,20 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         return self._decision(self._route(key, request.prompt_tokens, prefix_tokens), key)
 
     async def RouteBatch(self, request, context) -> dispatcher_pb2.RouteBatchResponse:
-        if len(request.requests) > self.rules.max_batch:
-            raise InvalidArgument(f"batch of {len(request.requests)} exceeds {self.rules.max_batch} requests")
-        keys = [route_key(r, self.rules) for r in request.requests]   # validate all before routing any
+        requests = request.requests
+        if len(requests) > self.rules.max_batch:
+            raise InvalidArgument(f"batch of {len(requests)} exceeds {self.rules.max_batch} requests")
+        rules = self.rules
+        keys = [route_key(r, rules) for r in requests]   # validate all before routing any
         response = dispatcher_pb2.RouteBatchResponse()
         add, ids, addresses, version = response.decisions.add, self._ids, self._addresses, self.router.plan_version
-        for r, (key, prefix_tokens) in zip(request.requests, keys):
-            pick = self._route(key, r.prompt_tokens, prefix_tokens)
-            i = pick.replica
-            add(replica_id=ids[i], address=addresses[i], plan_version=version, reason=pick.reason, key=key)
+        route, now = self.router.route, time.time()
+        try:
+            for r, (key, prefix_tokens) in zip(requests, keys):
+                i, reason = route(key, now, r.prompt_tokens, prefix_tokens)
+                add(replica_id=ids[i], address=addresses[i], plan_version=version, reason=reason, key=key)
+        except NoHealthyReplica:
+            raise Unavailable("no healthy replica") from None
         return response
 
     async def Generate(self, request, context) -> AsyncIterator[engine_pb2.GenerateChunk]:

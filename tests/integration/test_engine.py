@@ -88,7 +88,7 @@ def test_concurrent_requests_queue_behind_each_other():
         reqs = [engine_pb2.GenerateRequest(prompt=words(6000, f"r{i}"), max_tokens=2) for i in range(3)]
         return await asyncio.gather(*(collect(stub, r) for r in reqs))
 
-    results = run_engine(scenario)
+    results = run_engine(scenario, time_scale=1.0)   # steps long enough that all three arrive during the first
     ttfts = sorted(r[0].ttft_seconds for r in results)
     # 18,000 prefill tokens at an 8,192 budget need three steps: the last one waits for the others
     assert ttfts[-1] > PROFILE.prefill_time(6000) * 1.5

@@ -1,0 +1,238 @@
+"""Route RPC latency at a fixed request rate, RouteBatch throughput, one vs two dispatchers.
+
+Everything runs on loopback in separate processes: a private redis-server holding the
+active plan (128 keys over 4 replicas, read by the dispatcher's Redis fallback), 4 engine
+replicas (`python -m services.engine`, idle), one or two dispatchers
+(`python -m services.dispatcher`), and this process as the load generator (grpc.aio).
+
+1. Route at each rate of `--rates` req/s, open loop, `--seconds` each: calls are issued
+   on schedule whether or not earlier ones finished; latency is send → reply on the
+   client; the client's own scheduling lag is reported separately. Keys: 75% admitted,
+   25% cold. Goal: p99 ≤ 2 ms at 2,000 req/s. Baseline, same run and same load: a bare
+   grpc.aio server (no interceptor, no routing) whose Route returns a constant decision,
+   i.e. the floor of a Python gRPC server on this machine.
+2. RouteBatch decisions/s, closed loop (`--callers` concurrent calls of `--batch` keys),
+   against one dispatcher and then split over two. Goal ≥ 200,000 decisions/s.
+
+    .venv/bin/python bench/route_rpc.py [--rates 500,1000,2000] [--seconds 4] [--batch 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
+from services.core.plan import Plan
+from services.localredis import RedisProcess, free_port
+from services.store import RedisStore
+
+ROOT = Path(__file__).resolve().parent.parent
+REPLICAS = 4
+KEYS = 128
+
+
+def spawn(module: str, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", module, "--metrics-port", "-1", "--log-level", "WARNING", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+async def wait_serving(address: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{address} did not become ready")
+
+
+async def put_plan(redis_url: str, ids: list[str]) -> list[str]:
+    table = {f"tenant-{k}": ((k % REPLICAS, (k + 1) % REPLICAS) if k % 8 == 0 else (k % REPLICAS,)) for k in range(KEYS)}
+    plan = Plan(version=1, parent_version=0, created_at=time.time(), replica_ids=tuple(ids), q_cap=10.0, warm_slots=64,
+                table=table, rates={k: 1.0 for k in table}, expected_load=(1.0,) * len(ids), predicted_imbalance=1.0,
+                total_keys=KEYS * 4, admitted_keys=KEYS, admitted_rate_share=0.75)
+    store = RedisStore(redis_url)
+    await store.put_plan(plan)
+    await store.activate(1, expected=0, now=time.time())
+    await store.close()
+    return list(table)
+
+
+class BareDispatcher(dispatcher_pb2_grpc.DispatcherServicer):
+    async def Route(self, request, context):
+        return common_pb2.RouteDecision(replica_id="e0", address="127.0.0.1:1", plan_version=1, key=request.key,
+                                        reason=common_pb2.ROUTE_REASON_PLANNED)
+
+
+async def serve_bare(port: int) -> None:
+    server = grpc.aio.server()
+    dispatcher_pb2_grpc.add_DispatcherServicer_to_server(BareDispatcher(), server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def open_loop(address: str, keys: list[str], rate: float, seconds: float) -> dict[str, float]:
+    rng = random.Random(3)
+    latencies: list[float] = []
+    lags: list[float] = []
+    errors = 0
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = dispatcher_pb2_grpc.DispatcherStub(ch)
+        requests = [dispatcher_pb2.RouteRequest(key=rng.choice(keys) if rng.random() < 0.75 else f"cold-{i}",
+                                                prompt_tokens=1000) for i in range(int(rate * seconds))]
+        for r in requests[:200]:                       # warm-up: connection, code paths
+            await stub.Route(r, timeout=2)
+
+        async def one(req, scheduled: float) -> None:
+            nonlocal errors
+            t0 = time.perf_counter()
+            lags.append(t0 - scheduled)
+            try:
+                await stub.Route(req, timeout=1.0)
+            except grpc.aio.AioRpcError:
+                errors += 1
+                return
+            latencies.append(time.perf_counter() - t0)
+
+        tasks = []
+        start = time.perf_counter()
+        for i, req in enumerate(requests):
+            scheduled = start + i / rate
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(req, scheduled)))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - start
+    return {"sent": len(requests), "achieved_rps": len(latencies) / elapsed, "errors": errors,
+            "p50_ms": pct(latencies, 0.50) * 1e3, "p99_ms": pct(latencies, 0.99) * 1e3,
+            "p999_ms": pct(latencies, 0.999) * 1e3, "mean_ms": statistics.fmean(latencies) * 1e3,
+            "lag_p99_ms": pct(lags, 0.99) * 1e3}
+
+
+async def batch_throughput(addresses: list[str], keys: list[str], batch: int, callers: int, seconds: float) -> float:
+    rng = random.Random(4)
+    req = dispatcher_pb2.RouteBatchRequest(requests=[
+        dispatcher_pb2.RouteRequest(key=rng.choice(keys) if rng.random() < 0.75 else f"cold-{i}") for i in range(batch)])
+    channels = [grpc.aio.insecure_channel(a) for a in addresses]
+    stubs = [dispatcher_pb2_grpc.DispatcherStub(c) for c in channels]
+    for s in stubs:
+        await s.RouteBatch(req, timeout=5)
+    done = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def caller(stub) -> None:
+        nonlocal done
+        while time.perf_counter() < stop_at:
+            reply = await stub.RouteBatch(req, timeout=5)
+            done += len(reply.decisions)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(callers * len(stubs))))
+    elapsed = time.perf_counter() - start
+    for c in channels:
+        await c.close()
+    return done / elapsed
+
+
+async def run(args: argparse.Namespace) -> None:
+    with ExitStack() as stack:
+        redis = stack.enter_context(RedisProcess())
+        ids = [f"e{i}" for i in range(REPLICAS)]
+        ports = [free_port() for _ in ids]
+        engines = [spawn("services.engine", "--port", str(p), "--replica-id", rid) for rid, p in zip(ids, ports)]
+        for proc in engines:
+            stack.callback(stop, proc)
+        replicas = ",".join(f"{rid}=127.0.0.1:{p}" for rid, p in zip(ids, ports))
+        keys = await put_plan(redis.url, ids)
+        for p in ports:
+            await wait_serving(f"127.0.0.1:{p}")
+        d_ports = [free_port(), free_port()]
+        dispatchers = [spawn("services.dispatcher", "--port", str(p), "--replicas", replicas, "--redis", redis.url,
+                             "--dispatcher-id", f"d{i}") for i, p in enumerate(d_ports)]
+        for proc in dispatchers:
+            stack.callback(stop, proc)
+        addresses = [f"127.0.0.1:{p}" for p in d_ports]
+        for a in addresses:
+            await wait_serving(a)
+        await asyncio.sleep(1.0)                     # first health polls and plan read
+
+        bare_port = free_port()
+        bare = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-bare", str(bare_port)],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stack.callback(stop, bare)
+        await wait_serving(f"127.0.0.1:{bare_port}")
+
+        print(f"Route RPC, open loop, {args.seconds:.0f} s per rate, one server process ({REPLICAS} replicas, "
+              f"{KEYS}-key plan from Redis, 25% cold keys), python {sys.version.split()[0]}, {os.cpu_count()} cores")
+        print(f"{'server':22} {'rate':>6} {'achieved':>9} {'err':>5} {'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} "
+              f"{'client lag p99 ms':>17}")
+        at_goal = None
+        for rate in args.rates:
+            for name, address in (("bare grpc.aio", f"127.0.0.1:{bare_port}"), ("dispatcher", addresses[0])):
+                r = await open_loop(address, keys, rate, args.seconds)
+                print(f"{name:22} {rate:6.0f} {r['achieved_rps']:9.0f} {r['errors']:5d} {r['p50_ms']:7.2f} "
+                      f"{r['p99_ms']:7.2f} {r['p999_ms']:8.2f} {r['lag_p99_ms']:17.2f}")
+                if name == "dispatcher" and rate >= 2000:
+                    at_goal = r
+        if at_goal is not None:
+            print(f"  goal p99 <= 2 ms at 2,000 req/s: {'met' if at_goal['p99_ms'] <= 2 else 'NOT met'}")
+
+        one = await batch_throughput(addresses[:1], keys, args.batch, args.callers, args.batch_seconds)
+        two = await batch_throughput(addresses, keys, args.batch, args.callers, args.batch_seconds)
+        print(f"RouteBatch ({args.batch} keys per call, {args.callers} concurrent callers per dispatcher, "
+              f"{args.batch_seconds:.0f} s): one dispatcher {one:,.0f} decisions/s; two dispatchers {two:,.0f} "
+              f"decisions/s ({two / one:.2f}x one)")
+        print(f"  goal >= 200,000 decisions/s on one dispatcher: {'met' if one >= 200_000 else 'NOT met'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")], default=[500.0, 1000.0, 2000.0])
+    ap.add_argument("--seconds", type=float, default=4)
+    ap.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--callers", type=int, default=2)
+    ap.add_argument("--batch-seconds", type=float, default=5)
+    args = ap.parse_args(argv)
+    asyncio.run(serve_bare(args.serve_bare) if args.serve_bare else run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
