@@ -60,3 +60,53 @@ def test_arrivals_and_cache_stats_reach_a_real_collector(redis_url):
     assert dropped == 0
     assert sum(c.prompt_tokens for c in totals.values()) == 128
     assert set(totals) <= {"e0", "e1"}
+
+
+def test_plans_pushed_by_a_real_planner_and_redis_fallback_when_it_goes(redis_url):
+    from cacheroute.v1 import common_pb2
+    from clients import AsyncCacheRouteClient
+    from services.planner.__main__ import PlannerConfig
+    from services.planner.__main__ import serve as serve_planner
+    from services.planner.control import LoopConfig
+    from services.store import Mode
+
+    async def main():
+        fleet = await EngineFleet(3, time_scale=0.01).start()
+        loop = LoopConfig(replica_ids=tuple(fleet.ids), q_cap=10.0, warm_slots=2, planner_id="p1")
+        planner = await serve_planner(PlannerConfig(server=ServerConfig(name="planner", port=0), loop=loop,
+                                                    redis_url=redis_url, auto=False, watch_poll_seconds=0.2))
+        service = await serve(dispatcher_config(fleet, planner=planner.address, redis_url=redis_url))
+        store = RedisStore(redis_url)
+        out = {}
+        try:
+            async with AsyncCacheRouteClient(service.address, planner=planner.address) as client:
+                out["before"] = await client.route("hot")
+                built = await client.build_plan({"hot": 25.0, "warm": 5.0, "mild": 1.0}, activate=True)
+                version = built.plan.version
+                members = {fleet.ids[i] for e in built.plan.table if e.key == "hot" for i in e.replicas}
+                out["push"] = await wait_until(lambda: service.router.plan_version == version, timeout=3)
+                out["planned"] = [await client.route("hot") for _ in range(6)]
+                out["members"] = members
+                out["source"] = service.router.plan_source
+                await client.set_mode("flat", reason="test")
+                out["flat_push"] = await wait_until(lambda: service.router.flat, timeout=3)
+                out["flat"] = await client.route("hot")
+                await planner.stop(0)
+                await store.set_mode(Mode.PLANNED, reason="planner gone", now=time.time())
+                out["redis"] = await wait_until(lambda: service.router.plan_source == "redis" and not service.router.flat,
+                                                timeout=5)
+                out["after"] = await client.route("hot")
+        finally:
+            await service.stop(0)
+            await planner.stop(0)
+            await fleet.stop()
+            await store.close()
+        return out, version
+
+    out, version = asyncio.run(main())
+    assert out["before"].reason == common_pb2.ROUTE_REASON_COLD and out["before"].plan_version == 0
+    assert out["push"] < 1.0 and out["source"] == "watch"
+    assert all(d.reason == common_pb2.ROUTE_REASON_PLANNED and d.plan_version == version for d in out["planned"])
+    assert {d.replica_id for d in out["planned"]} == out["members"] and len(out["members"]) == 3   # k_b = ceil(25/10)
+    assert out["flat_push"] < 1.0 and out["flat"].reason == common_pb2.ROUTE_REASON_FALLBACK
+    assert out["after"].reason == common_pb2.ROUTE_REASON_PLANNED and out["after"].plan_version == version
