@@ -64,6 +64,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-slots", type=int, help="W per replica (default: from the KV size)")
     p.add_argument("--warmup", type=float, help="seconds excluded from metrics (default: 2 control intervals, <= 25%%)")
     p.add_argument("--control-interval", type=float, default=30.0, help="re-plan period, virtual seconds")
+    p.add_argument("--first-plan-at", type=float,
+                   help="bootstrap the first plan at this time from the arrivals so far (default: first interval)")
     for flag, _, kind in WORKLOAD_FLAGS:
         p.add_argument(flag, type=kind, help="workload knob")
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="other workload knob")
@@ -88,7 +90,7 @@ def _spec(args: argparse.Namespace, policy: str, qps: float | None = None) -> Ru
     spec = RunSpec(policy=policy, qps=qps, replicas=args.replicas, profile=args.profile, duration=duration,
                    seed=args.seed, workload=args.workload, trace=args.trace, workload_knobs=knobs,
                    q_cap=args.q_cap, warm_slots=args.warm_slots, warmup=args.warmup,
-                   control_interval=args.control_interval)
+                   control_interval=args.control_interval, first_plan_at=args.first_plan_at)
     try:
         check_names(policy, args.profile)
         if args.workload is not None:

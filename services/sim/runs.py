@@ -32,6 +32,7 @@ class RunSpec:
     warm_slots: int | None = None
     warmup: float | None = None
     control_interval: float = 30.0
+    first_plan_at: float | None = None      # bootstrap plan time (SimConfig.first_plan_at)
 
 
 def load_requests(spec: RunSpec) -> list[Request]:
@@ -71,7 +72,7 @@ def check_names(policy: str | Iterable[str], profile: str) -> None:
 def config_for(spec: RunSpec) -> SimConfig:
     return SimConfig(get_profile(spec.profile), spec.replicas, q_cap=spec.q_cap, warm_slots=spec.warm_slots,
                      warmup=spec.warmup, end=spec.duration if spec.trace is None else None,
-                     control_interval=spec.control_interval)
+                     control_interval=spec.control_interval, first_plan_at=spec.first_plan_at)
 
 
 def run_spec(spec: RunSpec, requests: Sequence[Request] | None = None) -> dict:

@@ -27,7 +27,10 @@ Router view (ClusterState)
 Planned policies (PLANNED) are re-planned every `control_interval` virtual seconds from
 arrival counts per key over the last `rate_window` seconds measured inside the run (no
 oracle rates), through `plan_fn` (default: a fresh services.core.planning.build_plan). Until
-the first plan they run their cold path. q_cap and W come from services.sim.calibrate
+the first plan they run their cold path; `first_plan_at` (if earlier than the first interval)
+bootstraps a plan from the arrivals so far, the way a planner seeds a new cluster from its
+first telemetry, so a cold-path backlog built before the first plan does not leak into the
+measured window. q_cap and W come from services.sim.calibrate
 unless given.
 
 Failures: `Failure(replica, at, back)` takes a replica down at `at` (its queued and running
@@ -74,6 +77,7 @@ class SimConfig:
     end: float | None = None              # end of the measured window; None: last arrival
     drain_limit: float = 600.0            # keep simulating this long after `end` to finish requests
     control_interval: float = 30.0        # re-plan period (planned policies)
+    first_plan_at: float | None = None    # bootstrap plan from the arrivals so far; None: no bootstrap
     rate_window: float | None = None      # rate window; None: the control interval
     q_cap: float | None = None            # req/s per replica at the knee; None: calibrate
     warm_slots: int | None = None         # W; None: derived each interval (calibrate.warm_slots)
@@ -195,6 +199,7 @@ class Simulator:
         self._cached = [0] * n
         self._failed = [False] * n
         self._counts: Counter[str] = Counter()
+        self._counted_since = 0.0
         self._prefix: dict[str, int] = {}
         self._plan: Plan | None = None
         self._plans: list[PlanRecord] = []
@@ -305,6 +310,9 @@ class Simulator:
             if f.back is not None:
                 events.append((f.back, 0, ("up", f.replica)))
         if self.planned:
+            first = cfg.first_plan_at
+            if first is not None and 0 < first < cfg.control_interval and first <= end:
+                events.append((first, 1, ("plan",)))
             k = 1
             while k * cfg.control_interval <= end:
                 events.append((k * cfg.control_interval, 1, ("plan",)))
@@ -339,7 +347,10 @@ class Simulator:
 
         cfg = self.config
         window = cfg.rate_window or cfg.control_interval
+        if 0 < t - self._counted_since < window:
+            window = t - self._counted_since    # after a bootstrap plan: the counts cover less
         counts, self._counts = self._counts, Counter()
+        self._counted_since = t
         if not counts:
             return
         keys = list(counts)
