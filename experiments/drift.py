@@ -5,11 +5,12 @@ Setup (chosen once, the same for every mode): the `drift` workload (top-K keys o
 log-normal population, each log-rate takes an N(0, 0.3^2) step every `interval` seconds, total
 rate held at `qps`), 70B fp8 profile, 30 replicas, Poisson arrivals. The simulator re-plans every
 `interval` seconds from the arrival counts of the last interval (so a plan is built from the
-epoch that just ended and lives through the next one: the realistic one-interval lag), with one
+epoch that just ended and lives through the next one: the realistic one-interval lag; the first
+plan is bootstrapped at 5 s and the second, at t = interval, is built from epoch 0), with one
 q_cap calibrated on the workload and shared by every mode. Modes, as simulator `plan_fn`s:
 
   scratch      a fresh LPT plan every interval (services.core.planning.build_plan)
-  stale        the first plan (built at t = interval), never replaced
+  stale        the plan built at t = interval, never replaced
   incremental  services.core.replan.replan_incremental from the active plan every interval
   planner      what the planner service does: an incremental candidate, installed only when
                services.core.switching.decide_switch says its staleness penalty exceeds the
@@ -54,7 +55,8 @@ def plan_fn_for(mode: str, prefix_tokens: dict[str, int] | float,
 
     def plan_fn(*, now, keys, rates, healthy, active, q_cap, warm_slots, version, replicas, window):
         ids = [f"r{j}" for j in range(replicas)]
-        if active is None or mode == "scratch":
+        # a bootstrap plan (built from less than a full window) is replaced in every mode
+        if active is None or active.window_seconds < window or mode == "scratch":
             last_switch[0] = now
             return build_plan(keys, rates, ids, q_cap, warm_slots, version=version, parent=active,
                               created_at=now, window_seconds=window)
@@ -123,6 +125,7 @@ class DriftSetup:
     seed: int = 0
     bin_seconds: float = 5.0
     probe: float = 10.0
+    first_plan_at: float = 5.0      # bootstrap plan (SimConfig.first_plan_at)
 
     @property
     def duration(self) -> float:
@@ -138,7 +141,7 @@ def run_mode(setup: DriftSetup, mode: str, wl: Workload, q_cap: float) -> tuple[
     """Simulate one mode; the result and its JSON summary."""
     profile = get_profile(setup.profile)
     config = SimConfig(profile, setup.replicas, warmup=setup.interval, end=setup.duration,
-                       control_interval=setup.interval, q_cap=q_cap,
+                       control_interval=setup.interval, first_plan_at=setup.first_plan_at, q_cap=q_cap,
                        plan_fn=plan_fn_for(mode, dict(wl.prefix_tokens)))
     policy = make_policy("cacheroute", setup.replicas, seed=setup.seed)
     result = Simulator(config, policy, wl.requests).run()

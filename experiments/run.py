@@ -29,8 +29,10 @@ RESULTS = os.path.join(ROOT, "results")
 MOONCAKE = "/work/shared/data/mooncake"
 
 ALL_POLICIES = "flat,sticky,chwbl,sglang,llmd,dynamo,preble,dualmap,cacheroute"
-SYNTH = ["--duration", "150", "--warmup", "60", "--jobs", "2"]
+BOOT = ["--first-plan-at", "5"]
+SYNTH = ["--duration", "150", "--warmup", "60", *BOOT, "--jobs", "2"]
 FLAGSHIP_GRID = "20,50,100,150,200,250,300"
+TRACE_GRID = "4,8,12,16,20,24,32"
 
 COMPARE: dict[str, list[str]] = {
     "flagship-k128": ["sim", "compare", "--workload", "paper", "--active-set", "128", "--policies", ALL_POLICIES,
@@ -41,18 +43,21 @@ COMPARE: dict[str, list[str]] = {
                  "--policies", "flat,affinity,affinity-replication,cacheroute",
                  "--qps-grid", "60,120,180,240,300,360,420,500", "--slo-p99", "3.5", *SYNTH],
     "low-reuse": ["sim", "compare", "--workload", "low-reuse", "--policies", "flat,cacheroute",
-                  "--qps-grid", "10,20,30,40,50,60,80", "--slo-p99", "3.5", *SYNTH],
+                  "--qps-grid", "20,40,60,80,100,120,160", "--slo-p99", "3.5", *SYNTH],
     "burst": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--policies", "flat,cacheroute",
               "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
     # traces: 8B profile, 8 replicas (docs/experiments.md, experiment f, says why)
     "mooncake-conversation": ["sim", "compare", "--trace", f"{MOONCAKE}/conversation_trace.first_half.jsonl",
                               "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", ALL_POLICIES,
-                              "--qps-grid", "2,4,6,8,10,12,16", "--slo-p99", "10", "--jobs", "2"],
+                              "--qps-grid", TRACE_GRID, "--slo-p99", "20", *BOOT, "--jobs", "2"],
     "mooncake-synthetic": ["sim", "compare", "--trace", f"{MOONCAKE}/synthetic_trace.jsonl",
                            "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", ALL_POLICIES,
-                           "--qps-grid", "2,4,6,8,10,12,16", "--slo-p99", "10", "--jobs", "2"],
+                           "--qps-grid", TRACE_GRID, "--slo-p99", "10", *BOOT, "--jobs", "2"],
 }
-EXPERIMENTS = (*COMPARE, "drift")
+# CacheRoute with the planner service's own plan lifecycle (incremental candidate + keep-or-switch
+# rule) instead of the simulator's default fresh LPT plan every interval; same settings as above
+PLANNER = {"planner-k128": 128, "planner-k256": 256}
+EXPERIMENTS = (*COMPARE, *PLANNER, "drift")
 
 
 def command(name: str) -> list[str]:
@@ -71,9 +76,43 @@ def run(name: str) -> int:
         plots.drift_series(out, os.path.join(path, "hit_rate_over_time.png"))
         sys.stdout.write(drift_table(out))
         return 0
+    if name in PLANNER:
+        return run_planner(name, PLANNER[name])
     from clients.cli import main
 
     return main(command(name))
+
+
+def run_planner(name: str, active_set: int) -> int:
+    """The flagship sweep for cacheroute with the planner's lifecycle (experiments.drift "planner")."""
+    from dataclasses import replace
+
+    from experiments.drift import plan_fn_for
+    from services.core.policies import make_policy
+    from services.sim import report
+    from services.sim.runs import RunSpec, calibrated_q_cap, capacity_report, config_for, load_requests
+    from services.sim.simulator import Simulator
+
+    grid = [float(q) for q in FLAGSHIP_GRID.split(",")]
+    base = RunSpec(policy="cacheroute", qps=grid[0], duration=150.0, warmup=60.0, first_plan_at=5.0,
+                   workload_knobs={"active_set": active_set})
+    q_cap = calibrated_q_cap(base)
+    points = []
+    for qps in grid:
+        spec = replace(base, qps=qps, q_cap=q_cap)
+        reqs = load_requests(spec)
+        prefix = {q.key: q.prefix_tokens for q in reqs}
+        config = replace(config_for(spec), plan_fn=plan_fn_for("planner", prefix))
+        out = Simulator(config, make_policy("cacheroute", spec.replicas, seed=spec.seed), reqs).run().as_dict()
+        out["offered_qps"] = qps
+        points.append(out)
+        sys.stderr.write(f"{name}: {qps:g} QPS hit {out['hit_rate']:.3f} p99 {out['ttft_p99']:.2f} s\n")
+    results = {"cacheroute-planner": capacity_report(points, 3.5)}
+    path = os.path.join(RESULTS, name)
+    os.makedirs(path, exist_ok=True)
+    report.write(results, path)
+    sys.stdout.write(report.table(results))
+    return 0
 
 
 # ------------------------------------------------------------------ summaries
@@ -175,11 +214,11 @@ def summarize() -> str:
             lines.append(f"| {policy} | {fmt(p['hit_rate'], pct=True)} | {fmt(p['imbalance'])}x | {capacity(r)} | "
                          f"{fmt(p['ttft_p99'])} | {paper[0]} | {paper[1]} | {paper[2]} |")
         parts.append("### ablation\n\n" + "\n".join(lines) + "\n")
-    for name, hit_q in (("low-reuse", 40), ("burst", 100)):
+    for name, hit_q in (("low-reuse", 60), ("burst", 100)):
         res = load(name)
         if res:
             parts.append(f"### {name}\n\n" + policy_table(res, list(res), hit_q, hit_q))
-    for name, hit_q in (("mooncake-conversation", 4), ("mooncake-synthetic", 4)):
+    for name, hit_q in (("mooncake-conversation", 8), ("mooncake-synthetic", 8)):
         res = load(name)
         if res:
             parts.append(f"### {name}\n\n" + policy_table(res, list(res), hit_q, hit_q))
@@ -200,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     names = EXPERIMENTS if args.name == "all" else (args.name,)
     for name in names:
         if args.print:
-            print("drift: .venv/bin/python -m experiments.run drift" if name == "drift"
+            print(f"{name}: .venv/bin/python -m experiments.run {name}" if name not in COMPARE
                   else "cacheroute " + " ".join(command(name)))
             continue
         rc = run(name)

@@ -33,14 +33,14 @@ def test_first_call_builds_a_plan_in_every_mode():
 
 
 def test_stale_keeps_the_active_plan_and_scratch_replaces_it():
-    first = build_plan(KEYS, RATES, [f"r{j}" for j in range(6)], 5.0, 10)
+    first = build_plan(KEYS, RATES, [f"r{j}" for j in range(6)], 5.0, 10, window_seconds=30.0)
     assert call(drift.plan_fn_for("stale", 3000.0), first, perturbed(1)) is first
     fresh = call(drift.plan_fn_for("scratch", 3000.0), first, perturbed(1))
     assert fresh is not first and fresh.version == 2 and fresh.churn is not None
 
 
 def test_incremental_moves_less_than_scratch():
-    first = build_plan(KEYS, RATES, [f"r{j}" for j in range(6)], 5.0, 10)
+    first = build_plan(KEYS, RATES, [f"r{j}" for j in range(6)], 5.0, 10, window_seconds=30.0)
     rates = perturbed(2)
     inc = call(drift.plan_fn_for("incremental", 3000.0), first, rates)
     scratch = call(drift.plan_fn_for("scratch", 3000.0), first, rates)
@@ -95,14 +95,14 @@ def test_install_dips_compare_after_with_before():
     assert len(dips) == 1 and dips[0]["dip_points"] == pytest.approx(-50.0)
 
 
-def test_tiny_drift_run_stale_installs_once():
+def test_tiny_drift_run_stale_replaces_only_the_bootstrap_plan():
     setup = drift.DriftSetup(qps=20.0, interval=10.0, epochs=3, active_set=16, replicas=4,
                              profile="llama3-8b-h100", bin_seconds=5.0, probe=5.0)
     wl = drift.workload(setup)
     _, stale = drift.run_mode(setup, "stale", wl, q_cap=8.0)
     _, scratch = drift.run_mode(setup, "scratch", wl, q_cap=8.0)
-    assert len(stale["installs"]) == 1 and len(scratch["installs"]) == 2
-    assert len(scratch["dips"]) == 1 and len(stale["dips"]) == 0
+    assert len(stale["installs"]) == 2 and len(scratch["installs"]) == 3
+    assert len(scratch["dips"]) == 2 and len(stale["dips"]) == 1
     assert len(scratch["epochs"]) == 2 and 0.0 < scratch["hit_rate"] <= 1.0
     assert len(scratch["series"]["t"]) == 6
 
@@ -123,3 +123,10 @@ def test_capacity_wording():
     assert run.capacity({"capacity": 20, "censored": "right", "points": pts}) == ">= 20 (right-censored)"
     assert run.capacity({"capacity": 0, "censored": "left", "points": pts}) == "< 10 (left-censored)"
     assert run.capacity({"capacity": 10, "censored": "none", "points": pts}) == "10"
+
+
+def test_a_bootstrap_plan_is_replaced_in_every_mode():
+    boot = build_plan(KEYS, RATES, [f"r{j}" for j in range(6)], 5.0, 10, window_seconds=5.0)
+    for mode in drift.MODES:
+        plan = call(drift.plan_fn_for(mode, 3000.0), boot, perturbed(3))
+        assert plan is not boot and plan.builder == "lpt" and plan.window_seconds == 30.0
