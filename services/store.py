@@ -57,7 +57,7 @@ import time
 import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterable, Sequence
+from typing import AsyncIterator, Callable, Iterable, Sequence
 
 import orjson
 
@@ -335,6 +335,9 @@ class Store(abc.ABC):
 
     def __init__(self, telemetry: TelemetryConfig | None = None) -> None:
         self.telemetry = telemetry or TelemetryConfig()
+        # Called with (highest version seen before, version counter now) when the backing
+        # store is found to have lost its plan state (a Redis restart without persistence).
+        self.on_reset: Callable[[int, int], None] = lambda seen, now: None
 
     # ---- telemetry
 
@@ -382,7 +385,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def next_version(self) -> int:
-        """A fresh version number, strictly greater than any handed out or stored."""
+        """A fresh version number, strictly greater than any handed out or stored, and than
+        any this client has seen even if the backing store has since lost its data."""
 
     @abc.abstractmethod
     async def put_plan(self, plan: Plan) -> None:
@@ -663,6 +667,16 @@ end
 return n
 """
 
+# A new version number that never goes below what this client has seen (ARGV[1]), so a store
+# that lost its data (Redis restarted without persistence) cannot hand out a reused version.
+_NEXT_VERSION_LUA = """
+-- KEYS: seq.  ARGV: highest version the caller has seen.  Returns {version, counter before}.
+local before = tonumber(redis.call('GET', KEYS[1]) or '0')
+local v = math.max(before, tonumber(ARGV[1])) + 1
+redis.call('SET', KEYS[1], v)
+return {v, before}
+"""
+
 _ACQUIRE_LUA = """
 -- KEYS: lease, fence.  ARGV: holder, ttl_ms
 local holder = redis.call('HGET', KEYS[1], 'holder')
@@ -718,6 +732,8 @@ class RedisStore(Store):
         self._prune = r.register_script(_PRUNE_LUA)
         self._acquire = r.register_script(_ACQUIRE_LUA)
         self._renew = r.register_script(_RENEW_LUA)
+        self._next_version = r.register_script(_NEXT_VERSION_LUA)
+        self._seen_version = 0   # highest version seen in the store (reset detection, no reuse)
 
     # ---- keys
 
@@ -828,9 +844,17 @@ class RedisStore(Store):
 
     # ---- plans
 
+    def _observe_versions(self, counter: int) -> None:
+        if counter < self._seen_version:
+            self.on_reset(self._seen_version, counter)
+        self._seen_version = max(self._seen_version, counter)
+
     async def next_version(self) -> int:
         async with self._guard():
-            return int(await self._redis.incr(self._p("seq")))
+            version, before = await self._next_version(keys=[self._p("seq")], args=[self._seen_version])
+        self._observe_versions(int(before))
+        self._observe_versions(int(version))
+        return int(version)
 
     async def put_plan(self, plan: Plan) -> None:
         _check_version(plan.version)
@@ -840,6 +864,7 @@ class RedisStore(Store):
         async with self._guard():
             if not await self._put_plan(keys=keys, args=[v, blob, summary]):
                 raise FailedPrecondition(f"plan version {v} already exists")
+        self._observe_versions(v)
 
     async def get_plan(self, version: int) -> Plan:
         async with self._guard():
@@ -866,6 +891,7 @@ class RedisStore(Store):
             pipe.get(self._p("seq"))
             active, mode, pinned, seq = await pipe.execute()
         mode = {k.decode(): v.decode() for k, v in mode.items()}
+        self._observe_versions(int(seq or 0))
         return ControlState(int(active or 0), Mode(mode.get("mode", "planned")), mode.get("reason", ""),
                             float(mode.get("at", 0.0)), int(pinned or 0), int(seq or 0))
 

@@ -95,6 +95,17 @@ class PlannerService:
         self.loop = ControlLoop(self.store, config.loop, clock=config.clock, enabled=config.auto,
                                 counters=_counters(self.metrics.registry, self.hub))
         self.running: RunningServer | None = None
+        self.servicer: PlannerServicer | None = None
+        self._resets = Counter("cacheroute_planner_store_resets", "times the store was found to have lost its plan "
+                               "state (Redis restarted without persistence)", registry=self.metrics.registry)
+        self.store.on_reset = self._store_reset
+
+    def _store_reset(self, seen: int, counter: int) -> None:
+        """The store forgot versions it had: say so loudly; version numbers stay above `seen`."""
+        self._resets.inc()
+        log.error("store lost its plan state", extra=kv(highest_version_seen=seen, version_counter=counter))
+        if self.servicer is not None:
+            self.servicer.forget_plans()
 
     @property
     def address(self) -> str:
@@ -102,8 +113,8 @@ class PlannerService:
         return self.running.address
 
     async def start(self) -> "PlannerService":
-        servicer = PlannerServicer(self.store, self.loop, self.hub, planner_id=self.config.loop.planner_id,
-                                   clock=self.config.clock)
+        servicer = self.servicer = PlannerServicer(self.store, self.loop, self.hub,
+                                                   planner_id=self.config.loop.planner_id, clock=self.config.clock)
         self.running = await start_server(self.config.server, [(planner_pb2_grpc.add_PlannerServicer_to_server, servicer)],
                                           [SERVICE], protected_methods=PROTECTED, metrics=self.metrics)
         self.hub.start()

@@ -53,6 +53,10 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
                 self._plans.popitem(last=False)
         return self._plans[version]
 
+    def forget_plans(self) -> None:
+        """Drop cached plans (the store lost its state, so they may no longer exist)."""
+        self._plans.clear()
+
     async def _active_version(self) -> int:
         active = (await self.store.get_control()).active_version
         if not active:
