@@ -19,18 +19,21 @@ goes NOT_SERVING and stops with its grace period), a wait of `grace + stop_timeo
 SIGKILL for any that are left. Redis last.
 
 Children run in their own session, so a terminal's Ctrl-C reaches only the supervisor,
-which then stops them in order. On Linux they also get PR_SET_PDEATHSIG(SIGTERM): if the
-supervisor dies (even by SIGKILL) they are told to stop. The signal is tied to the thread
-that started them, so call `start()` from a thread that outlives the stack (the main one).
+which then stops them in order. Where util-linux `setpriv` exists (Linux) they are started
+through `setpriv --pdeathsig TERM`: if the supervisor dies, even by SIGKILL, they are told
+to stop. (Not a `preexec_fn`: forking with Python code to run in the child deadlocks
+against grpc's fork handlers once the supervisor has opened a channel.) The death signal
+follows the thread that started them, so call `start()` from a thread that outlives the
+stack (the main one). The embedded redis-server (services.localredis) shares the
+supervisor's process group, so a terminal's Ctrl-C reaches it directly.
 
 Logs: each child's stdout and stderr go to `<log_dir>/<name>.log` (JSON lines).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -70,6 +73,7 @@ class StackConfig:
     q_cap: float = 20.0                   # req/s per replica at the knee (8B: ~15-20, services/sim/calibrate.py)
     warm_slots: int = 64                  # W: 440k cached tokens x 0.5 / ~3,480-token prefixes
     planner_auto: bool = True             # run the planner's control loop
+    switch_knobs: str = ""                # planner --switch-knobs NAME=VALUE,... ("" = its defaults)
     redis_url: str | None = None          # None: start an embedded redis-server
     log_dir: str | None = None            # None: a new temporary directory (kept after stop)
     log_level: str = "INFO"
@@ -156,18 +160,10 @@ def parse_serving_line(line: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _pdeathsig() -> Callable[[], None] | None:
-    """A preexec_fn asking Linux to SIGTERM the child when its parent thread dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    prctl = libc.prctl
-    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, sigterm)
-
-    return preexec
+def _launcher() -> list[str]:
+    """The command prefix that makes a child get SIGTERM when its parent dies (if available)."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 class Stack:
@@ -180,7 +176,7 @@ class Stack:
         self.redis: RedisProcess | None = None
         self.redis_url = config.redis_url or ""
         self.tiers: list[list[Child]] = []
-        self._preexec = _pdeathsig()
+        self._launcher = _launcher()
 
     # ------------------------------------------------------------ addresses
 
@@ -260,9 +256,9 @@ class Stack:
     def _spawn(self, child: Child) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(child.log_path, "ab") as log:
-            child.proc = subprocess.Popen([sys.executable, "-m", f"services.{child.kind}", *child.args],
+            child.proc = subprocess.Popen([*self._launcher, sys.executable, "-m", f"services.{child.kind}", *child.args],
                                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True, preexec_fn=self._preexec)
+                                          start_new_session=True)
 
     # ------------------------------------------------------------ children's command lines
 
@@ -290,7 +286,8 @@ class Stack:
         return self._new_child("planner", "planner", self._store_args() + [
             "--replicas", ids, "--q-cap", f"{cfg.q_cap:g}", "--warm-slots", str(cfg.warm_slots),
             "--interval", f"{cfg.planner_interval:g}", "--window", f"{cfg.window_seconds:g}",
-            "--planner-id", f"planner-{os.getpid()}", "--auto", "1" if cfg.planner_auto else "0"])
+            "--planner-id", f"planner-{os.getpid()}", "--auto", "1" if cfg.planner_auto else "0",
+            "--switch-knobs", cfg.switch_knobs])
 
     def _engine(self, i: int) -> Child:
         cfg = self.config

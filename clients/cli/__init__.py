@@ -8,7 +8,7 @@ import importlib
 import sys
 
 # command-group modules under clients.cli, in help order
-GROUPS = ("plan", "sim", "serve", "plans", "stack", "shadow")
+GROUPS = ("plan", "sim", "serve", "plans", "stack", "shadow", "local")
 
 
 class CliError(Exception):

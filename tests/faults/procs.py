@@ -4,12 +4,14 @@ wait until it is SERVING, kill -9 it on purpose, and always clean up.
 Each child binds port 0 and logs its bound address in the "serving" line written by
 `services.rpc.start_server` (read with `services.stack.parse_serving_line`), so no port is
 picked in advance. A restarted child can be pinned to its old port with `--port`.
-Children get PR_SET_PDEATHSIG (via services.stack) so a killed test run cannot leak them,
+Children get PR_SET_PDEATHSIG(SIGKILL) so a killed test run cannot leak them,
 and `Procs.cleanup()` SIGKILLs whatever is left at teardown, pass or fail.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
@@ -20,10 +22,18 @@ from pathlib import Path
 from typing import Callable
 
 from services.healthcheck import is_serving
-from services.stack import SERVICE_NAMES, _pdeathsig, parse_serving_line
+from services.stack import SERVICE_NAMES, parse_serving_line
 
 COMMON = ["--host", "127.0.0.1", "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--grace-seconds", "0.5",
           "--log-level", "INFO"]
+
+
+def _pdeathsig() -> Callable[[], None] | None:
+    """preexec_fn: the kernel SIGKILLs the child when the thread that started it dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    return lambda: prctl(1, int(signal.SIGKILL))   # 1 = PR_SET_PDEATHSIG
 
 
 @dataclass
