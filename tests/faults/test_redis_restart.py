@@ -91,7 +91,8 @@ def test_redis_restart_with_aof_loses_nothing(procs: Procs, tmp_path):
         planner, collector = control_plane(procs, server.url)
         client = CacheRouteClient(planner=planner.address)
         with grpc.insecure_channel(collector.address) as ch:
-            assert report(ch, arrivals("b1", 30), arrivals("b2", 30)).accepted == 60
+            b1 = arrivals("b1", 30)
+            assert report(ch, b1, arrivals("b2", 30)).accepted == 60
             v1 = client.build_plan({"hot": 25.0, "warm": 5.0}, activate=True).plan.version
             v2 = client.build_plan({"hot": 5.0, "warm": 25.0}, activate=True, expected_active_version=v1).plan.version
             v3 = client.build_plan({"hot": 9.0}).plan.version
@@ -108,7 +109,7 @@ def test_redis_restart_with_aof_loses_nothing(procs: Procs, tmp_path):
                               10, "the planner to reconnect")
             recovered = time.monotonic() - restarted
             after = rates(ch)
-            again = report(ch, arrivals("b1", 30), arrivals("b3", 30))   # b1 is a replay
+            again = report(ch, b1, arrivals("b3", 30))                 # b1 is a replay
             v4 = client.build_plan({"hot": 3.0}).plan.version
             listed = [p.version for p in client.list_plans().plans]
         client.close()
