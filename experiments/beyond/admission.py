@@ -1,14 +1,16 @@
 """Byte-aware admission: top-rate (the paper's) vs value-density admission (lambda * P / k per
 slot) on a workload whose prefix lengths are mixed, next to Flat-LB.
 
-  .venv/bin/python -m experiments.beyond.admission [--active-set 3000] [--grid 50,100,150,200]
+  .venv/bin/python -m experiments.beyond.admission [--active-set 1000] [--replicas 10] [--grid 10,20,...]
 
 Workload ("mixed-prefix", built here, nothing else changes): the `paper` workload with
-`active_set` keys (so the slot budget C = R x W binds), where every other key by popularity
+`active_set` keys (1,000: more than the C = R x W ~ 360 slots of 10 replicas, so admission
+binds while most keys still recur within a window), where every other key by popularity
 rank gets a short prefix (256 tokens) and the rest a long one (6,144 tokens); suffixes and
 outputs are the paper workload's. Under top-rate admission half of the admitted slots go to
 short-prefix keys that save little prefill; density admission spends them on long ones.
-Flagship cluster (70B, 30 replicas), SLO 3.5 s, 150 s runs, 60 s warm-up.
+70B profile, 10 replicas (a smaller cluster so the budget binds), SLO 3.5 s, 150 s runs,
+60 s warm-up.
 Writes experiments/results/beyond/admission.json.
 """
 
@@ -57,16 +59,17 @@ def plan_fn_for(admission: str, prefix: dict[str, int]):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--active-set", type=int, default=3000)
-    ap.add_argument("--grid", default="50,100,150,200,250")
+    ap.add_argument("--active-set", type=int, default=1000)
+    ap.add_argument("--replicas", type=int, default=10)
+    ap.add_argument("--grid", default="10,20,30,40,50,60")
     ap.add_argument("--slo-p99", type=float, default=3.5)
     args = ap.parse_args(argv)
     grid = sorted(float(x) for x in args.grid.split(","))
-    spec = RunSpec(policy="cacheroute", qps=grid[0], duration=150, warmup=60)
+    spec = RunSpec(policy="cacheroute", qps=grid[0], duration=150, warmup=60, replicas=args.replicas)
     base = config_for(spec)
     first, _ = mixed_prefix(grid[0], 150, 0, args.active_set)
     q_cap = calibrate.q_cap_for(base.profile, first, spec.replicas)
-    out = {"active_set": args.active_set, "q_cap": q_cap, "arms": {}}
+    out = {"active_set": args.active_set, "replicas": args.replicas, "q_cap": q_cap, "arms": {}}
     for arm in ("flat", "rate", "density"):
         points = []
         t = time.time()

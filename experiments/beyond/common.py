@@ -19,6 +19,9 @@ SOURCES = {
                               workload_knobs={"active_set": 128}), [20, 50, 100, 150, 200, 250, 300], 3.5),
     "low-reuse": (RunSpec(policy="flat", qps=None, workload="low-reuse", duration=150, warmup=60),
                   [10, 20, 30, 40, 50, 60, 80], 3.5),
+    # the same workload on a wider grid: at 10..80 every policy is right-censored
+    "low-reuse-wide": (RunSpec(policy="flat", qps=None, workload="low-reuse", duration=150, warmup=60),
+                       [20, 40, 60, 80, 100, 120, 140, 160], 3.5),
     "burst": (RunSpec(policy="flat", qps=None, workload="paper", duration=150, warmup=60,
                       workload_knobs={"cv": 1.9}), [20, 50, 100, 150, 200, 250, 300], 3.5),
     "mooncake-conversation": (RunSpec(policy="flat", qps=None, workload=None, duration=None, replicas=8,
@@ -39,6 +42,15 @@ def variant(base: RunSpec, policy: str, **knobs) -> RunSpec:
     return replace(base, policy=policy, policy_knobs=knobs)
 
 
+def load(name: str) -> dict:
+    """A stored result ({} when absent), so a script can add sources to an earlier run's file."""
+    path = os.path.join(RESULTS, f"{name}.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path, "rb") as f:
+        return orjson.loads(f.read())
+
+
 def save(name: str, obj) -> str:
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, f"{name}.json")
@@ -54,4 +66,4 @@ def slim(report: dict) -> dict:
             "points": [{k: p.get(k) for k in keep} for p in report["points"]]}
 
 
-__all__ = ["SOURCES", "RESULTS", "capacity", "variant", "save", "slim", "run_spec"]
+__all__ = ["SOURCES", "RESULTS", "capacity", "variant", "load", "save", "slim", "run_spec"]

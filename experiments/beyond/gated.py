@@ -1,10 +1,11 @@
 """Gated CacheRoute (re-plan each interval, shadow-gate each candidate on the last window, Flat-LB
 fallback) vs plain CacheRoute and Flat-LB, on the experiment page's workloads.
 
-  .venv/bin/python -m experiments.beyond.gated [--sources a,b] [--margin 0.1]
+  .venv/bin/python -m experiments.beyond.gated [--sources a,b] [--margin 0.1] [--cold p2c|chwbl]
 
 Sweeps stop at the first grid point whose p99 misses the SLO (SLO capacity needs every lower
-point to pass, so higher points cannot change it). Writes experiments/results/beyond/gated.json.
+point to pass, so higher points cannot change it). `--cold` sets the cold tail of both
+cacheroute arms. Writes experiments/results/beyond/gated.json (gated-chwbl.json with --cold chwbl).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import time
 from dataclasses import replace
 
-from experiments.beyond.common import SOURCES, save
+from experiments.beyond.common import SOURCES, load, save
 from services.core.metrics import slo_capacity
 from services.sim.gated import run_gated_spec
 from services.sim.runs import PLANNED, calibrated_q_cap, run_spec
@@ -39,21 +40,24 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sources", default="flagship-k128,low-reuse,burst,mooncake-conversation,mooncake-synthetic")
     ap.add_argument("--margin", type=float, default=0.10)
+    ap.add_argument("--cold", default="p2c", choices=("p2c", "chwbl"))
     args = ap.parse_args(argv)
-    out = {}
+    cold = {"cold": args.cold}
+    name = "gated" if args.cold == "p2c" else f"gated-{args.cold}"
+    out = load(name)          # sources run earlier stay; the ones named here are replaced
     for source in args.sources.split(","):
         base, grid, slo = SOURCES[source]
         out[source] = {}
         arms = {"flat": (replace(base, policy="flat"), run_spec),
-                "cacheroute": (replace(base, policy="cacheroute"), run_spec),
-                "cacheroute-gated": (replace(base, policy="cacheroute"),
+                "cacheroute": (replace(base, policy="cacheroute", policy_knobs=cold), run_spec),
+                "cacheroute-gated": (replace(base, policy="cacheroute", policy_knobs=cold),
                                      lambda s: run_gated_spec(s, slo_p99=slo, margin=args.margin))}
         for label, (spec, one) in arms.items():
             t = time.time()
             out[source][label] = sweep_until_miss(spec, grid, slo, one)
             print(f"{source} {label}: {out[source][label]['capacity']} [{time.time() - t:.0f}s]", file=sys.stderr,
                   flush=True)
-        save("gated", out)
+        save(name, out)
     for source, arms in out.items():
         flat = arms["flat"]["capacity"]
         print(f"{source}: " + ", ".join(f"{k} {v['capacity']:g} ({v['censored']})" for k, v in arms.items())
