@@ -713,13 +713,19 @@ class RedisStore(Store):
     def __init__(self, url: str, *, prefix: str = "cr", telemetry: TelemetryConfig | None = None,
                  timeout: float = 2.0) -> None:
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
 
         super().__init__(telemetry)
         self.url = url
         self.prefix = prefix
+        # One immediate retry on a broken connection (a pooled socket to a restarted server);
+        # none on timeouts, where the command may have run. Writes are safe to repeat: batches
+        # are deduplicated, activation is a CAS, a skipped version number is harmless.
         self._redis = aioredis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry_on_timeout=False,
-            retry=None, health_check_interval=30)
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)), health_check_interval=30)
         parsed = urllib.parse.urlsplit(url)
         self._where = f"{parsed.hostname}:{parsed.port or 6379}"  # never the password
         r = self._redis

@@ -63,6 +63,12 @@ def cache_stat_problem(replica_id: str, prompt_tokens: int, cached_tokens: int, 
     return None
 
 
+def _label(batch_id: str, ordinal: int) -> str:
+    """A batch id fit for a one-line message (ids are client-chosen), else its ordinal."""
+    text = " ".join(batch_id.split())
+    return (text[:64] + "...") if len(text) > 64 else (text or str(ordinal))
+
+
 @dataclass
 class Tally:
     """One stream's counts; writers update it as its batches land."""
@@ -130,14 +136,18 @@ class Ingestor:
         self.clock = clock
         self.counters = counters or IngestCounters()
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._write_loop(), name=f"collector-writer-{i}") for i in range(self.writers)]
 
     async def stop(self) -> None:
+        # bounded wait: a cancel racing a redis-py read timeout can be swallowed on Python 3.11
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=2.0)
         self._tasks = []
 
     # ---- stream side
@@ -158,7 +168,7 @@ class Ingestor:
                 if problem is None:
                     good.append(ArrivalRecord(a.key, a.time, a.prompt_tokens, a.prefix_tokens))
                 else:
-                    tally.reject(f"batch {batch.batch_id or tally.batches} arrival {i}", problem)
+                    tally.reject(f"batch {_label(batch.batch_id, tally.batches)} arrival {i}", problem)
             self.counters.rejected("arrival", len(batch.arrivals) - len(good))
             if good:
                 await self._put(_Item("arrivals", batch.batch_id, good, tally))
@@ -177,7 +187,7 @@ class Ingestor:
                 if problem is None:
                     good.append(CacheStatRecord(s.replica_id, s.prompt_tokens, s.cached_tokens, s.requests))
                 else:
-                    tally.reject(f"batch {batch.batch_id or tally.batches} stat {i}", problem)
+                    tally.reject(f"batch {_label(batch.batch_id, tally.batches)} stat {i}", problem)
             self.counters.rejected("cache", len(batch.stats) - len(good))
             if good:
                 await self._put(_Item("cache", batch.batch_id, good, tally, self.clock()))
@@ -201,7 +211,7 @@ class Ingestor:
         return items
 
     async def _write_loop(self) -> None:
-        while True:
+        while not self._stopping:
             items = self._take_more(await self.queue.get())
             try:
                 await self._write(items)

@@ -40,6 +40,18 @@ except ImportError:  # pragma: no cover
 log = logging.getLogger("cacheroute.planner")
 
 
+async def stop_tasks(tasks: list[asyncio.Task], timeout: float = 2.0) -> None:
+    """Cancel background tasks and wait a bounded time. Loops also check a stop flag: on
+    Python 3.11 a cancel that coincides with an asyncio.timeout expiring (redis-py reads) can
+    be swallowed, and stop must not hang on that."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        if pending:
+            log.warning("background tasks did not stop in time", extra=kv(tasks=[t.get_name() for t in pending]))
+
+
 def incremental_available() -> bool:
     return _replan is not None and hasattr(_replan, "replan_incremental")
 
@@ -149,6 +161,7 @@ class ControlLoop:
         self._last_outcome = "not run"
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
 
     # ---- status
 
@@ -168,9 +181,9 @@ class ControlLoop:
 
     async def stop(self, *, release: bool = True) -> None:
         """Stop both tasks and give the lease up (release=False leaves it to expire, as a crash would)."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._stopping = True
+        self._wake.set()
+        await stop_tasks(self._tasks)
         self._tasks = []
         if self._token is not None and release:
             try:
@@ -209,7 +222,7 @@ class ControlLoop:
             self._set_token(None)
 
     async def _lease_task(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self.keep_lease()
             except Unavailable as exc:
@@ -221,13 +234,13 @@ class ControlLoop:
     # ---- the loop
 
     async def _loop_task(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.config.interval)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
-            if not self.leader:
+            if self._stopping or not self.leader:
                 continue
             try:
                 self._last_outcome = await self.run_once(self._token)

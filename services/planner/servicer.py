@@ -121,6 +121,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             raise FailedPrecondition("incremental re-planning is not available on this planner")
         if request.q_cap < 0 or not math.isfinite(request.q_cap):
             raise InvalidArgument("q_cap must be finite and > 0")
+        if any(not rid for rid in request.replica_ids):
+            raise InvalidArgument("replica ids must be non-empty")
         replicas = tuple(request.replica_ids) or cfg.replica_ids
         q_cap, warm = request.q_cap or cfg.q_cap, request.warm_slots or cfg.warm_slots
         if request.rates:
@@ -132,8 +134,10 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             inputs = BuildInputs.from_snapshot(snap, replicas, q_cap, warm)
         state, active = await self.store.get_active_plan()
         last = await self.store.history(1)
-        plan = await asyncio.to_thread(build_candidate, inputs, active, version=await self.store.next_version(),
-                                       created_at=now, incremental=request.incremental)
+        # build (and so validate) first: a refused request must not use up a version number
+        plan = await asyncio.to_thread(build_candidate, inputs, active, version=0, created_at=now,
+                                       incremental=request.incremental)
+        plan = dataclasses.replace(plan, version=await self.store.next_version())
         decision = await asyncio.to_thread(decide, active, plan, inputs, now=now,
                                            last_switch_at=last[0].at if last else 0.0, config=cfg.switching)
         plan = dataclasses.replace(plan, decision=decision)

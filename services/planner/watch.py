@@ -15,6 +15,7 @@ import logging
 from typing import AsyncIterator
 
 from services.errors import Unavailable
+from services.planner.control import stop_tasks
 from services.rpc import kv
 from services.store import ControlState, Store
 
@@ -29,15 +30,16 @@ class WatchHub:
         self.state: ControlState | None = None
         self._listeners: set[asyncio.Queue] = set()
         self._task: asyncio.Task | None = None
+        self._stopping = False
         self.on_state = lambda state: None       # metrics hook
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="planner-watch")
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await stop_tasks([self._task])
             self._task = None
 
     @contextlib.asynccontextmanager
@@ -57,12 +59,12 @@ class WatchHub:
 
     async def _run(self) -> None:
         backoff = self.poll_seconds
-        while True:
+        while not self._stopping:
             try:
                 async with self.store.subscribe() as sub:
                     await self.refresh(None)
                     backoff = self.poll_seconds
-                    while True:
+                    while not self._stopping:
                         event = await sub.get(timeout=self.poll_seconds)
                         await self.refresh(event.event if event else None)
             except Unavailable as exc:
