@@ -39,7 +39,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from services.errors import status_for
+from services.errors import InvalidArgument, status_for
 
 log = logging.getLogger("cacheroute.rpc")
 
@@ -216,6 +216,41 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         return None
 
 
+class _Malformed:
+    """A request body that did not parse (corrupt wire format, invalid UTF-8 in a string)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """grpc answers a deserializer exception with UNKNOWN; hand the handler a marker instead,
+    so a malformed request is INVALID_ARGUMENT like any other bad input."""
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+            return _Malformed(str(exc))
+
+    return parse
+
+
+def _parsed(request: Any) -> Any:
+    if isinstance(request, _Malformed):
+        raise InvalidArgument(f"malformed request: {request.reason}")
+    return request
+
+
+async def _parsed_stream(requests) -> Any:
+    async for request in requests:
+        yield _parsed(request)
+
+
 def _wrap(handler: grpc.RpcMethodHandler, method: str, denial, metrics: "RpcMetrics") -> grpc.RpcMethodHandler:
     short = method.rsplit("/", 1)[-1]
 
@@ -230,7 +265,8 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str, denial, metrics: "RpcMetr
         metrics.count(short, denial[0])
         await context.abort(*denial)
 
-    kwargs = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+    kwargs = dict(request_deserializer=_lenient(handler.request_deserializer),
+                  response_serializer=handler.response_serializer)
     if handler.unary_unary:
         inner = handler.unary_unary
 
@@ -239,7 +275,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str, denial, metrics: "RpcMetr
                 return await deny(context)
             start = time.perf_counter()
             try:
-                response = await inner(request, context)
+                response = await inner(_parsed(request), context)
             except (grpc.aio.AbortError, asyncio.CancelledError):
                 raise
             except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
@@ -256,7 +292,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str, denial, metrics: "RpcMetr
                 await deny(context)
                 return
             try:
-                async for item in inner_stream(request, context):
+                async for item in inner_stream(_parsed(request), context):
                     yield item
             except (grpc.aio.AbortError, asyncio.CancelledError):
                 raise
@@ -273,7 +309,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str, denial, metrics: "RpcMetr
             if denial:
                 return await deny(context)
             try:
-                response = await inner_su(request_iterator, context)
+                response = await inner_su(_parsed_stream(request_iterator), context)
             except (grpc.aio.AbortError, asyncio.CancelledError):
                 raise
             except Exception as exc:  # noqa: BLE001
