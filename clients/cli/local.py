@@ -298,7 +298,8 @@ class Demo:
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(requests), desc=label, unit="req", file=sys.stderr, leave=True, dynamic_ncols=True)
+            bar = tqdm(total=len(requests), desc=label, unit="req", file=sys.stderr, leave=True, dynamic_ncols=True,
+                       mininterval=0.5, disable=None)   # None: only on a terminal
         stats = {"cached": 0, "prompt": 0, "errors": 0}
 
         def on_result(o: Outcome) -> None:
