@@ -8,7 +8,12 @@ Environment variables (flags override them):
   CACHEROUTE_DISPATCHER_ID (dispatcher-0)   source id in telemetry and status
   CACHEROUTE_KEY_BLOCKS (4)                 key = chained hash of the first N prefix blocks
   CACHEROUTE_KEY_TOKENS (64)                key = hash of the first N prompt tokens
-  CACHEROUTE_COLD (p2c)                     cold-tail policy: p2c or chwbl
+  CACHEROUTE_COLD_TAIL (policy default)     cold-tail policy: p2c (power of two choices) or chwbl
+                                            (session-aware: bounded-load consistent hashing on the key,
+                                            so every dispatcher with the same --replicas list sends a
+                                            cold key to the same replica while loads are balanced);
+                                            default: the cacheroute policy's, as in the simulator
+                                            (CACHEROUTE_COLD is read when CACHEROUTE_COLD_TAIL is unset)
   CACHEROUTE_POLL_INTERVAL (0.25)           replica health/stats poll period, seconds
   CACHEROUTE_POLL_TIMEOUT (0.2)             deadline of each poll RPC, seconds
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import logging
 import sys
 from dataclasses import dataclass
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cacheroute.v1 import dispatcher_pb2_grpc
+from services.core.policies.cacheroute import COLD_TAILS, CacheRoutePolicy
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.plans import PlanFeed
 from services.dispatcher.router import Replica, Router, parse_replicas
@@ -39,6 +46,8 @@ from services.rpc import (
 
 log = logging.getLogger("cacheroute.dispatcher")
 SERVICE = "cacheroute.v1.Dispatcher"
+# the live default is the simulator's: whatever the cacheroute policy defaults to
+DEFAULT_COLD_TAIL: str = inspect.signature(CacheRoutePolicy).parameters["cold"].default
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,7 @@ class DispatcherConfig:
     redis_url: str = ""
     collector: str = ""
     rules: KeyRules = KeyRules()
-    cold: str = "p2c"
+    cold: str = DEFAULT_COLD_TAIL
     poll_interval: float = 0.25
     poll_timeout: float = 0.2
     telemetry_interval: float = 0.5
@@ -153,7 +162,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--dispatcher-id", default=env("DISPATCHER_ID", "dispatcher-0"), help="(env CACHEROUTE_DISPATCHER_ID)")
     g.add_argument("--key-blocks", type=int, default=int(env("KEY_BLOCKS", "4")), help="(env CACHEROUTE_KEY_BLOCKS, default 4)")
     g.add_argument("--key-tokens", type=int, default=int(env("KEY_TOKENS", "64")), help="(env CACHEROUTE_KEY_TOKENS, default 64)")
-    g.add_argument("--cold", default=env("COLD", "p2c"), choices=("p2c", "chwbl"), help="(env CACHEROUTE_COLD)")
+    g.add_argument("--cold-tail", "--cold", dest="cold", default=env("COLD_TAIL", env("COLD", DEFAULT_COLD_TAIL)),
+                   choices=COLD_TAILS, help=f"cold-tail policy (env CACHEROUTE_COLD_TAIL, default {DEFAULT_COLD_TAIL})")
     g.add_argument("--poll-interval", type=float, default=float(env("POLL_INTERVAL", "0.25")))
     g.add_argument("--poll-timeout", type=float, default=float(env("POLL_TIMEOUT", "0.2")))
     g.add_argument("--telemetry-interval", type=float, default=float(env("TELEMETRY_INTERVAL", "0.5")))

@@ -9,8 +9,13 @@ version it read, fenced by its lease token, refused by the store when a version 
 the mode is flat. A standby planner keeps trying to take the lease and takes over when it
 expires; a deposed leader's activations are refused by the fencing check.
 
+With a shadow gate (services/planner/gate.py) every candidate is also replayed against
+Flat-LB before it may go live, its report stored on the version, and the mode falls back to flat
+(and returns) by the gate's mode rule. With a replica health view (services/planner/repair.py)
+candidates are built over the replicas that are not down past the repair grace.
+
 Knobs: interval, window, q_cap, W (warm slots), the replica set, the switching config, the
-lease TTL (renewed every TTL/3), how many versions to keep.
+lease TTL (renewed every TTL/3), how many versions to keep, the incremental move bound.
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from services.core.plan import Plan, SwitchDecision
 from services.core.planning import build_plan, with_churn
 from services.errors import FailedPrecondition, Unavailable
 from services.rpc import kv
-from services.store import Fenced, FlatMode, Pinned, RatesSnapshot, StaleVersion, Store
+from services.store import ControlState, Fenced, FlatMode, Mode, Pinned, RatesSnapshot, StaleVersion, Store
+
+if TYPE_CHECKING:
+    from services.planner.gate import Gate, Verdict
 
 try:  # H1's churn-aware re-planner and switching rule; the loop degrades without them
     from services.core import replan as _replan
@@ -88,11 +96,13 @@ class BuildInputs:
 
 
 def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, created_at: float,
-                    incremental: bool) -> Plan:
-    """A candidate: churn-aware from `active` when asked and possible, else LPT from scratch."""
+                    incremental: bool, max_moves: int | None = None) -> Plan:
+    """A candidate: churn-aware from `active` when asked and possible (at most `max_moves`
+    rebalancing moves; None: unbounded), else LPT from scratch."""
     if incremental and active is not None and incremental_available():
         plan = _replan.replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
-                                          inputs.warm_slots, version=version, created_at=created_at)
+                                          inputs.warm_slots, version=version, created_at=created_at,
+                                          max_moves=max_moves)
         plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
         return with_churn(plan, active) if plan.churn is None else plan
     return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
@@ -125,6 +135,7 @@ class LoopConfig:
     lease_ttl: float = 15.0
     keep_versions: int = 500
     min_arrivals: int = 1
+    max_moves: int | None = None          # incremental rebalancing moves per loop (None: unbounded)
 
 
 @dataclass
@@ -149,12 +160,15 @@ class ControlLoop:
     """Lease keeping and the periodic re-plan, as two background tasks."""
 
     def __init__(self, store: Store, config: LoopConfig, *, clock: Callable[[], float] = time.time,
-                 counters: LoopCounters | None = None, enabled: bool = True) -> None:
+                 counters: LoopCounters | None = None, enabled: bool = True, gate: "Gate | None" = None,
+                 replicas: Callable[[], tuple[str, ...]] | None = None) -> None:
         self.store = store
         self.config = config
         self.clock = clock
         self.counters = counters or LoopCounters()
         self.enabled = enabled
+        self.gate = gate                       # shadow gate + fallback (None: activate on the decision alone)
+        self.replicas = replicas or (lambda: config.replica_ids)   # the replica set to plan over
         self._token: int | None = None
         self._lease_valid_until = 0.0          # monotonic; renewals that fail past this depose us
         self._last_loop_at = 0.0
@@ -263,34 +277,70 @@ class ControlLoop:
         state, active = await store.get_active_plan()
         last_switch_at = next(iter(await store.history(1)), None)
         version = await store.next_version()
-        inputs = BuildInputs.from_snapshot(snap, cfg.replica_ids, cfg.q_cap, cfg.warm_slots)
+        inputs = BuildInputs.from_snapshot(snap, self.replicas(), cfg.q_cap, cfg.warm_slots)
         started = time.perf_counter()
         candidate = await asyncio.to_thread(build_candidate, inputs, active, version=version, created_at=now,
-                                            incremental=cfg.incremental)
+                                            incremental=cfg.incremental, max_moves=cfg.max_moves)
         decision = await asyncio.to_thread(decide, active, candidate, inputs, now=now,
                                            last_switch_at=last_switch_at.at if last_switch_at else 0.0,
                                            config=cfg.switching)
         self.counters.built(candidate, time.perf_counter() - started)
         plan = dataclasses.replace(candidate, decision=decision)
+        verdict = None
+        if self.gate is not None:
+            plan, verdict = await self.gate_candidate(plan, state, active, now)
         await store.put_plan(plan)
-        outcome = await self.apply_decision(plan, state.active_version, token, now)
+        if verdict is not None and verdict.mode == Mode.FLAT:
+            await store.set_mode(Mode.FLAT, reason=verdict.reason, now=now)
+            outcome = f"fallback: v{plan.version} stored, mode flat, {verdict.reason}"
+        else:
+            returning = verdict is not None and verdict.mode == Mode.PLANNED
+            outcome = await self.apply_decision(plan, state.active_version, token, now, automatic=not returning)
+            if returning and outcome.startswith("switched"):
+                await store.set_mode(Mode.PLANNED, reason=verdict.reason, now=now)
+                outcome = f"returned: v{plan.version} active, mode planned, {verdict.reason}"
         self.counters.decision(outcome.split(":", 1)[0])
         if cfg.keep_versions > 0:
             await store.prune_plans(cfg.keep_versions)
         log.info("control loop", extra=kv(version=version, outcome=outcome, keys=len(snap.keys),
                                           admitted=plan.admitted_keys, churn=plan.churn,
-                                          imbalance=plan.predicted_imbalance, reason=decision.reason))
+                                          imbalance=plan.predicted_imbalance, reason=plan.decision.reason))
         return outcome
 
-    async def apply_decision(self, plan: Plan, expected: int, token: int | None, now: float) -> str:
+    async def gate_candidate(self, plan: Plan, state: ControlState, active: Plan | None,
+                             now: float) -> tuple[Plan, "Verdict"]:
+        """Replay the candidate (and the active plan) on the recent window; the candidate with its
+        report and the gate's verdict folded into its decision, and the verdict."""
+        from services.planner.gate import check_active, guard, validated_report
+
+        result = await self.gate.run(self.store, now, plan, active)
+        report = result.report
+        check = None
+        if active is not None:
+            check = check_active(await validated_report(self.store, active), result.observed,
+                                 self.gate.config.fallback)
+        verdict = guard(passed=report.passed, gate_reason=report.reason, switch=plan.decision.switch,
+                        switch_reason=plan.decision.reason, mode=state.mode, mode_reason=state.mode_reason,
+                        has_active=active is not None, pinned=bool(state.pinned_version), check=check)
+        decision = dataclasses.replace(plan.decision, switch=verdict.activate, reason=verdict.reason)
+        observed = result.observed
+        log.info("shadow gate", extra=kv(version=plan.version, passed=report.passed, reason=report.reason,
+                                         observed_keys=observed.active_keys if observed else None,
+                                         observed_p99=observed.ttft_p99 if observed else None,
+                                         check=check[1] if check else None))
+        return dataclasses.replace(plan, shadow=report, decision=decision), verdict
+
+    async def apply_decision(self, plan: Plan, expected: int, token: int | None, now: float, *,
+                             automatic: bool = True) -> str:
         """Activate a stored candidate whose decision says switch (CAS on `expected`, fenced
-        by `token`); a one-line outcome either way."""
+        by `token`); a one-line outcome either way. `automatic` activations are refused in flat
+        mode; the gate's return from its own fallback activates with automatic=False."""
         decision = plan.decision
         if not decision.switch:
             return f"kept: v{plan.version} stored, {decision.reason}"
         try:
             await self.store.activate(plan.version, expected=expected, now=now, reason=decision.reason,
-                                      fencing_token=token, automatic=True)
+                                      fencing_token=token, automatic=automatic)
         except Fenced:
             self._set_token(None)
             return f"refused: deposed, v{plan.version} not activated"

@@ -1,5 +1,4 @@
-"""Planner RPCs: decode, call the store or the control logic, encode. ShadowPlan is left
-to the shadow-replay service (UNIMPLEMENTED here)."""
+"""Planner RPCs: decode, call the store, the control logic or the shadow gate, encode."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from services.core.plan import Plan
 from services.core.planning import plan_diff
 from services.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.planner.control import BuildInputs, ControlLoop, build_candidate, decide, incremental_available
+from services.planner.gate import Gate
 from services.planner.watch import WatchHub
 from services.store import ControlState, Mode, Store, summary_of
 
@@ -38,10 +38,11 @@ def _explicit_inputs(request: planner_pb2.BuildPlanRequest, replica_ids, q_cap, 
 
 class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def __init__(self, store: Store, loop: ControlLoop, hub: WatchHub, *, planner_id: str,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], gate: Gate | None = None) -> None:
         self.store = store
         self.loop = loop
         self.hub = hub
+        self.gate = gate
         self.planner_id = planner_id
         self.clock = clock
         self._plans: OrderedDict[int, Plan] = OrderedDict()   # small cache of decoded plans
@@ -115,7 +116,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
 
     async def BuildPlan(self, request, context):
         cfg, now = self.loop.config, self.clock()
-        if request.shadow:
+        if request.shadow and self.gate is None:
             raise FailedPrecondition("the shadow gate is not available on this planner")
         if request.incremental and not incremental_available():
             raise FailedPrecondition("incremental re-planning is not available on this planner")
@@ -141,11 +142,26 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         decision = await asyncio.to_thread(decide, active, plan, inputs, now=now,
                                            last_switch_at=last[0].at if last else 0.0, config=cfg.switching)
         plan = dataclasses.replace(plan, decision=decision)
+        activate = request.activate
+        if request.shadow:   # gated: activate only if the replay passes
+            report = (await self.gate.run(self.store, now, plan, None)).report
+            plan = dataclasses.replace(plan, shadow=report)
+            activate = activate and report.passed
         await self.store.put_plan(plan)
-        if request.activate:
+        if activate:
             await self.store.activate(plan.version, expected=request.expected_active_version, now=now,
-                                      reason="BuildPlan")
-        return planner_pb2.BuildPlanResponse(plan=codec.plan_to_proto(plan), activated=request.activate)
+                                      reason="BuildPlan (shadow gate passed)" if request.shadow else "BuildPlan")
+        return planner_pb2.BuildPlanResponse(plan=codec.plan_to_proto(plan), activated=activate)
+
+    async def ShadowPlan(self, request, context):
+        if self.gate is None:
+            raise FailedPrecondition("the shadow gate is not available on this planner")
+        window = request.window_seconds
+        if not (math.isfinite(window) and window >= 0):
+            raise InvalidArgument("window_seconds must be finite and >= 0")
+        plan = await self._plan(request.version or await self._active_version())
+        result = await self.gate.run(self.store, self.clock(), plan, None, window_seconds=window or None)
+        return codec.shadow_to_proto(result.report)
 
     async def ActivatePlan(self, request, context):
         done = await self.store.activate(request.version, expected=request.expected_active_version,
