@@ -150,7 +150,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--workload", default="paper", help="synthetic workload: paper, whale, low-reuse, drift (default paper)")
     src.add_argument("--active-set", type=int, default=256, help="synthetic: keys sending traffic (default 256)")
     src.add_argument("--trace", default=None, help="replay a Mooncake .jsonl (or Azure .csv) trace instead, rescaled to --qps")
-    src.add_argument("--qps", type=float, default=None, help="offered req/s (default 40; 8 with --trace)")
+    src.add_argument("--qps", type=float, default=None, help="offered req/s (default 40; a trace: its recorded rate)")
     src.add_argument("--warmup", type=float, default=20.0, help="unmeasured seconds before each mode (default 20)")
     src.add_argument("--duration", type=float, default=25.0, help="measured seconds per mode (default 25)")
     src.add_argument("--max-tokens", type=int, default=16, help="output tokens per request, at most (default 16)")
@@ -169,8 +169,8 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 def demo_requests(args: argparse.Namespace) -> list[Request]:
     from services.sim.runs import RunSpec, load_requests
 
-    qps = args.qps or (8.0 if args.trace else 40.0)
-    if qps <= 0 or args.warmup < 0 or args.duration <= 0 or args.max_tokens < 1:
+    qps = args.qps if args.qps is not None else (None if args.trace else 40.0)   # a trace: as recorded
+    if (qps is not None and qps <= 0) or args.warmup < 0 or args.duration <= 0 or args.max_tokens < 1:
         raise CliError("--qps and --duration must be > 0, --warmup >= 0, --max-tokens >= 1")
     knobs = {} if args.trace else {"active_set": args.active_set}
     spec = RunSpec(policy="flat", qps=qps, duration=args.warmup + args.duration, seed=args.traffic_seed,
