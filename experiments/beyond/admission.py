@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replicas", type=int, default=10)
     ap.add_argument("--grid", default="10,20,30,40,50,60")
     ap.add_argument("--slo-p99", type=float, default=3.5)
+    ap.add_argument("--out", default="admission", help="result name under experiments/results/beyond")
     args = ap.parse_args(argv)
     grid = sorted(float(x) for x in args.grid.split(","))
     spec = RunSpec(policy="cacheroute", qps=grid[0], duration=150, warmup=60, replicas=args.replicas)
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
         cap = slo_capacity([(p["offered_qps"], p["ttft_p99"]) for p in points], args.slo_p99)
         out["arms"][arm] = {"capacity": cap.capacity, "censored": cap.censored, "points": points,
                             "wall_seconds": time.time() - t}
-        save("admission", out)
+        save(args.out, out)
     for arm, r in out["arms"].items():
         print(arm, r["capacity"], r["censored"], [(p["offered_qps"], round(p["hit_rate"], 3), round(p["ttft_p99"], 2))
                                                    for p in r["points"]])

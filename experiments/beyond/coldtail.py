@@ -17,7 +17,7 @@ from experiments.beyond.common import SOURCES, capacity, save, slim, variant
 
 VARIANTS = {"cacheroute+p2c-tail": ("cacheroute", {"cold": "p2c"}),
             "cacheroute+chwbl-tail": ("cacheroute", {"cold": "chwbl"})}
-REFERENCE_QPS = {"flagship-k128": 100, "mooncake-conversation": 4, "mooncake-synthetic": 4}
+REFERENCE_QPS = {"flagship-k128": 100, "mooncake-conversation": 8, "mooncake-synthetic": 8}
 
 
 def main(argv=None) -> int:

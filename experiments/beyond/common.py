@@ -13,24 +13,24 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(os.path.dirname(ROOT), "results", "beyond")
 MOONCAKE = "/work/shared/data/mooncake"
 
-# (name, base RunSpec, grid, slo): experiments/run.py's settings, chosen there once for all policies
+TRACE_GRID = [4, 8, 12, 16, 20, 24, 32]
+# (name, base RunSpec, grid, slo): experiments/run.py's settings (bootstrap plan at 5 s, grids,
+# SLOs), chosen there once for all policies
 SOURCES = {
-    "flagship-k128": (RunSpec(policy="flat", qps=None, workload="paper", duration=150, warmup=60,
+    "flagship-k128": (RunSpec(policy="flat", qps=None, workload="paper", duration=150, warmup=60, first_plan_at=5,
                               workload_knobs={"active_set": 128}), [20, 50, 100, 150, 200, 250, 300], 3.5),
-    "low-reuse": (RunSpec(policy="flat", qps=None, workload="low-reuse", duration=150, warmup=60),
-                  [10, 20, 30, 40, 50, 60, 80], 3.5),
-    # the same workload on a wider grid: at 10..80 every policy is right-censored
-    "low-reuse-wide": (RunSpec(policy="flat", qps=None, workload="low-reuse", duration=150, warmup=60),
-                       [20, 40, 60, 80, 100, 120, 140, 160], 3.5),
-    "burst": (RunSpec(policy="flat", qps=None, workload="paper", duration=150, warmup=60,
+    "low-reuse": (RunSpec(policy="flat", qps=None, workload="low-reuse", duration=150, warmup=60, first_plan_at=5),
+                  [20, 40, 60, 80, 100, 120, 160], 3.5),
+    "burst": (RunSpec(policy="flat", qps=None, workload="paper", duration=150, warmup=60, first_plan_at=5,
                       workload_knobs={"cv": 1.9}), [20, 50, 100, 150, 200, 250, 300], 3.5),
     "mooncake-conversation": (RunSpec(policy="flat", qps=None, workload=None, duration=None, replicas=8,
-                                      profile="llama3-8b-h100",
+                                      profile="llama3-8b-h100", first_plan_at=5,
                                       trace=f"{MOONCAKE}/conversation_trace.first_half.jsonl"),
-                              [2, 4, 6, 8, 10, 12, 16], 10.0),
+                              TRACE_GRID, 20.0),
     "mooncake-synthetic": (RunSpec(policy="flat", qps=None, workload=None, duration=None, replicas=8,
-                                   profile="llama3-8b-h100", trace=f"{MOONCAKE}/synthetic_trace.jsonl"),
-                           [2, 4, 6, 8, 10, 12, 16], 10.0),
+                                   profile="llama3-8b-h100", first_plan_at=5,
+                                   trace=f"{MOONCAKE}/synthetic_trace.jsonl"),
+                           TRACE_GRID, 10.0),
 }
 
 
