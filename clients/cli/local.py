@@ -33,12 +33,13 @@ import sys
 import threading
 from typing import Any, Sequence
 
+import grpc
 import orjson
 
 from cacheroute.v1 import common_pb2
 from clients.cli import CliError
 from clients.client import AsyncCacheRouteClient
-from clients.loadgen import Outcome, Summary, drive, relabel, spread_clients, summarize, window
+from clients.loadgen import Outcome, drive, relabel, spread_clients, summarize, window
 from services.core.request import Request
 from services.rpc import env, read_secret
 from services.stack import Stack, StackConfig, StackError
@@ -267,8 +268,9 @@ class Demo:
         status = await control.planner_status()
         try:
             built = await control.build_plan(activate=True, expected_active_version=status.active_version)
-        except Exception as exc:  # noqa: BLE001 - the loop may have switched meanwhile; report and go on
-            self.notes.append(f"BuildPlan failed ({exc}); using the planner loop's plan")
+        except grpc.RpcError as exc:   # e.g. the loop switched meanwhile (CAS): go on with its plan
+            self.notes.append(f"BuildPlan failed ({exc.code().name}: {exc.details()}); "  # type: ignore[attr-defined]
+                              "using the planner loop's plan")
             return
         plan = built.plan
         self.notes.append(f"plan v{plan.version}: {plan.admitted_keys} of {plan.total_keys} keys admitted "
