@@ -37,9 +37,11 @@ script or transaction touches keys of one slot):
     P:{plans}:events        pub/sub channel: JSON PlanEvent on activation, rollback, mode
 
 Every telemetry key carries a TTL of retention + one bucket, so Redis stays bounded.
-Idempotency: a batch's records are split by bucket; each part is written by one script that
-first does SET NX EX on its `seen` marker and counts only if the marker was new. A batch is a
-duplicate when every part was seen. Activation is one script: compare-and-set on the active
+Idempotency: a batch's records are split by bucket and each part has a `seen` marker. One
+script per bucket writes the parts of every batch in a round trip: if any of their markers is
+already set it writes nothing and names them (the caller retries without those parts), else it
+sets the markers (EX ttl) and adds the counts summed over the parts, one HINCRBY per distinct
+key. A batch is a duplicate when every part was seen. Activation is one script: compare-and-set on the active
 version, the version must exist, the lease fencing token (when given) must be current, a
 pinned version blocks replacement, and an automatic activation is refused in flat mode.
 """
@@ -53,11 +55,12 @@ import dataclasses
 import enum
 import hashlib
 import math
+import operator
 import time
 import urllib.parse
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Iterable, NamedTuple, Sequence
 
 import orjson
 
@@ -73,9 +76,10 @@ class Mode(str, enum.Enum):
     FLAT = "flat"
 
 
-@dataclass(frozen=True, slots=True)
-class ArrivalRecord:
-    """One request arrival in aggregate form: routing key, time, token counts. No content."""
+class ArrivalRecord(NamedTuple):
+    """One request arrival in aggregate form: routing key, time, token counts. No content.
+    A tuple, so the collector can hand the store plain `(key, time, prompt, prefix)` rows
+    without building one object per record."""
 
     key: str
     time: float
@@ -241,33 +245,93 @@ def summary_of(plan: Plan) -> Plan:
 
 @dataclass(slots=True)
 class _BucketPart:
-    """A batch's arrivals that fall into one bucket, aggregated per key."""
+    """A batch's arrivals that fall into one bucket."""
 
-    counts: dict[str, list[int]] = field(default_factory=dict)   # key -> [n, prompt, prefix]
-    gaps: list[float] = field(default_factory=list)
-    log: list[bytes] = field(default_factory=list)
+    rows: list[ArrivalRecord]             # in time order
+    gaps: list[float]                     # between consecutive arrivals of the batch
+
+
+_KEY, _TIME = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def split_by_bucket(arrivals: Sequence[ArrivalRecord], cfg: TelemetryConfig) -> dict[int, _BucketPart]:
+    """Group a batch by bucket (rows in time order; each gap goes to the later arrival's bucket)."""
+    rows = sorted(arrivals, key=_TIME)
+    if not rows:
+        return {}
+    times = [r[1] for r in rows]
+    first, last = cfg.bucket(times[0]), cfg.bucket(times[-1])
+    if first == last:
+        spans = [(first, 0, len(rows))]
+    else:   # sorted, so each bucket is one contiguous run
+        spans, start = [], 0
+        idxs = [cfg.bucket(t) for t in times]
+        for j in range(1, len(rows) + 1):
+            if j == len(rows) or idxs[j] != idxs[start]:
+                spans.append((idxs[start], start, j))
+                start = j
     parts: dict[int, _BucketPart] = {}
-    ordered = sorted(arrivals, key=lambda a: a.time)
-    previous: float | None = None
-    for a in ordered:
-        part = parts.get(idx := cfg.bucket(a.time))
-        if part is None:
-            part = parts[idx] = _BucketPart()
-        row = part.counts.get(a.key)
-        if row is None:
-            part.counts[a.key] = [1, a.prompt_tokens, a.prefix_tokens]
-        else:
-            row[0] += 1
-            row[1] += a.prompt_tokens
-            row[2] += a.prefix_tokens
-        if previous is not None:
-            part.gaps.append(a.time - previous)
-        previous = a.time
-        part.log.append(orjson.dumps([a.key, a.time, a.prompt_tokens, a.prefix_tokens]))
+    for idx, lo, hi in spans:
+        g = max(lo, 1)
+        parts[idx] = _BucketPart(rows[lo:hi], [b - a for a, b in zip(times[g - 1:hi - 1], times[g:hi])])
     return parts
+
+
+def key_totals(parts: Iterable[_BucketPart]) -> dict[str, list[int]]:
+    """key -> [arrivals, summed prompt tokens, summed prefix tokens] over the parts' rows."""
+    totals: dict[str, list[int]] = {}
+    get = totals.get
+    for part in parts:
+        for key, _, pt, xt in part.rows:
+            acc = get(key)
+            if acc is None:
+                totals[key] = [1, pt, xt]
+            else:
+                acc[0] += 1
+                acc[1] += pt
+                acc[2] += xt
+    return totals
+
+
+def log_blob(rows: Sequence[ArrivalRecord]) -> bytes:
+    """Arrival-log entries, newline-separated: JSON [key, time, prompt_tokens, prefix_tokens]
+    each (JSON escapes newlines inside strings). Encoded in one orjson call, the outer
+    array's "],[" separators becoming newlines; only a key containing "],[" itself needs
+    one call per record."""
+    if not rows:
+        return b""
+    if "],[" in "\0".join(map(_KEY, rows)):
+        return b"\n".join(orjson.dumps(list(r)) for r in rows)
+    return orjson.dumps(rows, default=tuple)[1:-1].replace(b"],[", b"]\n[")
+
+
+def log_lines(rows: Sequence[ArrivalRecord]) -> list[bytes]:
+    return log_blob(rows).split(b"\n") if rows else []
+
+
+def _newest(chunks: Iterable[list], cap: int) -> list:
+    """The last `cap` items of the chunks concatenated in order."""
+    if cap <= 0:
+        return []
+    out: list = []
+    for chunk in reversed(list(chunks)):
+        out[:0] = chunk[-(cap - len(out)):]
+        if len(out) >= cap:
+            break
+    return out
+
+
+def _first_of_each_batch_id(parts: list[tuple[int, str, _BucketPart]]) -> list[tuple[int, str, _BucketPart]]:
+    """Drop a repeated batch id's later parts (a duplicate of the first, whatever happens to it)."""
+    ids: set[str] = set()
+    out = []
+    for p in parts:
+        if p[1]:
+            if p[1] in ids:
+                continue
+            ids.add(p[1])
+        out.append(p)
+    return out
 
 
 def _window_buckets(now: float, window_seconds: float, cfg: TelemetryConfig) -> tuple[int, int, float]:
@@ -536,34 +600,40 @@ def _refusal(status: str, version: int, current: int) -> Exception:
 # Redis
 
 _ARRIVALS_LUA = """
--- KEYS: seen, n, pt, xt, gaps, log.  ARGV: ttl, dedup, nkeys, ngaps, gap_cap, log_cap, then
--- nkeys x (key, n, prompt, prefix), ngaps gaps, the log records.
+-- One bucket's share of several batches, all or nothing.
+-- KEYS: n, pt, xt, gaps, log, then the seen marker of every deduplicated batch part.
+-- ARGV: ttl, gap_cap, log_cap, counts (JSON array: key, n, prompt, prefix, ... as strings,
+-- summed over the parts), gaps and log records (each newline-separated, only the newest cap).
+-- Returns {} when written, else the 1-based positions of the markers already set (nothing
+-- written; the caller retries without those parts).
 local ttl = tonumber(ARGV[1])
-if ARGV[2] == '1' then
-  if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ttl) then return 0 end
+local seen = {}
+for k = 6, #KEYS do
+  if redis.call('EXISTS', KEYS[k]) == 1 then seen[#seen + 1] = k - 5 end
 end
-local nkeys, ngaps = tonumber(ARGV[3]), tonumber(ARGV[4])
-local gap_cap, log_cap = tonumber(ARGV[5]), tonumber(ARGV[6])
-local i = 7
-for _ = 1, nkeys do
-  redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
-  redis.call('HINCRBY', KEYS[3], ARGV[i], ARGV[i + 2])
-  redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 3])
-  i = i + 4
+if #seen > 0 then return seen end
+for k = 6, #KEYS do redis.call('SET', KEYS[k], '1', 'EX', ttl) end
+local c = cjson.decode(ARGV[4])
+for i = 1, #c, 4 do
+  redis.call('HINCRBY', KEYS[1], c[i], c[i + 1])
+  redis.call('HINCRBY', KEYS[2], c[i], c[i + 2])
+  redis.call('HINCRBY', KEYS[3], c[i], c[i + 3])
 end
-local function push(key, first, last, cap)
-  if cap <= 0 or last < first then return end
-  if last - first + 1 > cap then first = last - cap + 1 end
-  for s = first, last, 1000 do
-    redis.call('RPUSH', key, unpack(ARGV, s, math.min(s + 999, last)))
+local function push(key, blob, cap)
+  if cap <= 0 or blob == '' then return end
+  local items = {}
+  for item in string.gmatch(blob, '[^\\n]+') do
+    items[#items + 1] = item
+    if #items == 1000 then redis.call('RPUSH', key, unpack(items)); items = {} end
   end
+  if #items > 0 then redis.call('RPUSH', key, unpack(items)) end
   redis.call('LTRIM', key, -cap, -1)
   redis.call('EXPIRE', key, ttl)
 end
-push(KEYS[5], i, i + ngaps - 1, gap_cap)
-push(KEYS[6], i + ngaps, #ARGV, log_cap)
-for k = 2, 4 do redis.call('EXPIRE', KEYS[k], ttl) end
-return 1
+push(KEYS[4], ARGV[5], tonumber(ARGV[2]))
+push(KEYS[5], ARGV[6], tonumber(ARGV[3]))
+for k = 1, 3 do redis.call('EXPIRE', KEYS[k], ttl) end
+return {}
 """
 
 _CACHE_LUA = """
@@ -765,30 +835,47 @@ class RedisStore(Store):
     # ---- telemetry
 
     async def record_arrival_batches(self, batches: Sequence[tuple[str, Sequence[ArrivalRecord]]]) -> list[bool]:
-        cfg = self.telemetry
-        calls: list[int] = []  # pipeline result index -> batch index
+        # One script per bucket for all the batches' parts in it: counts summed over the parts
+        # (one HINCRBY per distinct key), only the newest gaps/log records that the caps keep.
+        # A part whose marker is already set makes the script write nothing and name it; the
+        # bucket is retried without it (rare: replays), so every part lands at most once.
+        counted = [not arrivals for _, arrivals in batches]
+        pending: dict[int, list[tuple[int, str, _BucketPart]]] = {}
+        for b, (batch_id, arrivals) in enumerate(batches):
+            for idx, part in split_by_bucket(arrivals, self.telemetry).items():
+                pending.setdefault(idx, []).append((b, batch_id, part))
         async with self._guard():
-            pipe = self._redis.pipeline(transaction=False)
-            for b, (batch_id, arrivals) in enumerate(batches):
-                for idx, part in split_by_bucket(arrivals, cfg).items():
-                    args: list[object] = [cfg.ttl, "1" if batch_id else "0", len(part.counts), len(part.gaps),
-                                          cfg.gaps_per_bucket, cfg.log_per_bucket]
-                    for key, (n, pt, xt) in part.counts.items():
-                        args += (key, n, pt, xt)
-                    args += [repr(g) for g in part.gaps]
-                    args += part.log
-                    keys = [self._tb(idx, f"seen:{batch_id}"), self._tb(idx, "n"), self._tb(idx, "pt"),
-                            self._tb(idx, "xt"), self._tb(idx, "gaps"), self._tb(idx, "log")]
+            while pending:
+                calls = [(idx, _first_of_each_batch_id(parts)) for idx, parts in pending.items()]
+                pipe = self._redis.pipeline(transaction=False)
+                for idx, parts in calls:
+                    keys, args = self._arrival_call(idx, parts)
                     await self._arrivals(keys=keys, args=args, client=pipe)
-                    calls.append(b)
-            results = await pipe.execute() if calls else []
-        counted = [False] * len(batches)
-        for b, new in zip(calls, results):
-            counted[b] = counted[b] or bool(new)
-        for b, (_, arrivals) in enumerate(batches):
-            if not arrivals:
-                counted[b] = True   # nothing to count is never a duplicate
+                results = await pipe.execute()
+                pending = {}
+                for (idx, parts), seen in zip(calls, results):
+                    if not seen:
+                        for b, _, _ in parts:
+                            counted[b] = True
+                        continue
+                    marked = [j for j, p in enumerate(parts) if p[1]]
+                    drop = {marked[i - 1] for i in seen}
+                    if rest := [p for j, p in enumerate(parts) if j not in drop]:
+                        pending[idx] = rest
         return counted
+
+    def _arrival_call(self, idx: int, parts: list[tuple[int, str, _BucketPart]]) -> tuple[list[str], list[object]]:
+        cfg = self.telemetry
+        flat: list[str] = []
+        for key, (n, pt, xt) in key_totals(part for _, _, part in parts).items():
+            flat += (key, str(n), str(pt), str(xt))
+        gaps = _newest((part.gaps for _, _, part in parts), cfg.gaps_per_bucket)
+        rows = _newest((part.rows for _, _, part in parts), cfg.log_per_bucket)
+        keys = [self._tb(idx, h) for h in ("n", "pt", "xt", "gaps", "log")]
+        keys += [self._tb(idx, f"seen:{batch_id}") for _, batch_id, _ in parts if batch_id]
+        args = [cfg.ttl, cfg.gaps_per_bucket, cfg.log_per_bucket, orjson.dumps(flat),
+                "\n".join(map(repr, gaps)), log_blob(rows)]
+        return keys, args
 
     async def record_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *, now: float) -> bool:
         cfg = self.telemetry
@@ -1087,13 +1174,13 @@ class MemoryStore(Store):
                     continue
                 counted = True
                 b = self._buckets.setdefault(idx, {"n": {}, "gaps": [], "log": []})
-                for key, (n, pt, xt) in part.counts.items():
+                for key, (n, pt, xt) in key_totals([part]).items():
                     acc = b["n"].setdefault(key, [0, 0, 0])
                     acc[0] += n
                     acc[1] += pt
                     acc[2] += xt
-                b["gaps"] = (b["gaps"] + part.gaps)[-cfg.gaps_per_bucket:] if cfg.gaps_per_bucket else []
-                b["log"] = (b["log"] + part.log)[-cfg.log_per_bucket:] if cfg.log_per_bucket else []
+                b["gaps"] = _newest([b["gaps"], part.gaps], cfg.gaps_per_bucket)
+                b["log"] = _newest([b["log"], log_lines(_newest([part.rows], cfg.log_per_bucket))], cfg.log_per_bucket)
             out.append(counted)
         self._expire()
         return out

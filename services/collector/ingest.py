@@ -17,7 +17,7 @@ from typing import AsyncIterable, Callable
 
 from services.errors import Unavailable
 from services.rpc import kv
-from services.store import ArrivalRecord, CacheStatRecord, Store
+from services.store import CacheStatRecord, Store
 
 log = logging.getLogger("cacheroute.collector")
 
@@ -47,6 +47,32 @@ def arrival_problem(key: str, t: float, prompt_tokens: int, prefix_tokens: int, 
         if not 0 <= value < MAX_COUNT:
             return f"{name} {value} out of range"
     return None
+
+
+def valid_arrivals(rows: list[tuple[str, float, int, int]], *, now: float,
+                   retention_seconds: float) -> list[tuple[str, float, int, int]]:
+    """The rows `arrival_problem` accepts, as (key, time, prompt, prefix) tuples (ArrivalRecord
+    rows). One comprehension with a cheap test: a key of at most 64 characters is at most 256
+    UTF-8 bytes, and NaN fails both time comparisons; rows it refuses (long keys included)
+    get the exact test."""
+    lo, hi = now - retention_seconds, now + FUTURE_SLACK_SECONDS
+    quick = MAX_KEY_BYTES // 4
+    good = [r for r in rows if 0 < len(r[0]) <= quick and lo <= r[1] <= hi
+            and 0 <= r[2] < MAX_COUNT and 0 <= r[3] < MAX_COUNT]
+    try:
+        "".join(r[0] for r in good).encode("utf-8")
+    except UnicodeEncodeError:   # lone surrogates: only a non-protobuf caller can send them
+        good = []
+    if len(good) == len(rows):
+        return good
+    return [r for r in rows if arrival_problem(*r, now=now, retention_seconds=retention_seconds) is None]
+
+
+def arrival_problems(rows: list[tuple[str, float, int, int]], *, now: float,
+                     retention_seconds: float) -> list[tuple[int, str]]:
+    """(index, reason) of every invalid row."""
+    found = ((i, arrival_problem(*r, now=now, retention_seconds=retention_seconds)) for i, r in enumerate(rows))
+    return [(i, problem) for i, problem in found if problem is not None]
 
 
 def cache_stat_problem(replica_id: str, prompt_tokens: int, cached_tokens: int, requests: int) -> str | None:
@@ -160,16 +186,13 @@ class Ingestor:
             if tally.error is not None:
                 break
             tally.batches += 1
+            rows = [(a.key, a.time, a.prompt_tokens, a.prefix_tokens) for a in batch.arrivals]
             now = self.clock()
-            good = []
-            for i, a in enumerate(batch.arrivals):
-                problem = arrival_problem(a.key, a.time, a.prompt_tokens, a.prefix_tokens, now=now,
-                                          retention_seconds=retention)
-                if problem is None:
-                    good.append(ArrivalRecord(a.key, a.time, a.prompt_tokens, a.prefix_tokens))
-                else:
+            good = valid_arrivals(rows, now=now, retention_seconds=retention)
+            if len(good) < len(rows):
+                for i, problem in arrival_problems(rows, now=now, retention_seconds=retention):
                     tally.reject(f"batch {_label(batch.batch_id, tally.batches)} arrival {i}", problem)
-            self.counters.rejected("arrival", len(batch.arrivals) - len(good))
+            self.counters.rejected("arrival", len(rows) - len(good))
             if good:
                 await self._put(_Item("arrivals", batch.batch_id, good, tally))
         await tally.wait()

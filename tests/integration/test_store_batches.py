@@ -1,0 +1,80 @@
+"""The coalesced telemetry write path: many batches in one `record_arrival_batches` call
+must land exactly as the same batches recorded one call each (counts, flags, duplicate
+markers, the capped gap and log lists), on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.store import ArrivalRecord, MemoryStore, RedisStore, TelemetryConfig, log_blob, log_lines
+
+CFG = TelemetryConfig(bucket_seconds=10, retention_seconds=600, gaps_per_bucket=7, log_per_bucket=9)
+T0 = 1_700_000_000.0
+NOW = T0 + 40.0
+_prefixes = itertools.count()
+
+arrival = st.builds(ArrivalRecord, st.sampled_from(["a", "b", "c", "d],[e", "k\nx"]),
+                    st.integers(0, 349).map(lambda i: T0 + i / 10), st.integers(0, 5_000), st.integers(0, 2_000))
+batch = st.tuples(st.sampled_from(["", "x", "y", "z", "w"]), st.lists(arrival, max_size=12))
+calls = st.lists(st.lists(batch, min_size=1, max_size=6), min_size=1, max_size=4)
+
+
+async def replay(store, grouped: list[list[tuple[str, list[ArrivalRecord]]]], one_by_one: bool):
+    flags = []
+    try:
+        for call in grouped:
+            if one_by_one:
+                flags += [await store.record_arrivals(bid, arrivals) for bid, arrivals in call]
+            else:
+                flags += await store.record_arrival_batches(call)
+        snap = await store.window_rates(NOW, 40.0)
+        return (flags, snap.keys, snap.rates, snap.mean_prompt_tokens, snap.mean_prefix_tokens,
+                await store.interarrival_sample(NOW, 40.0), await store.recent_arrivals(NOW, 40.0))
+    finally:
+        await store.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(grouped=calls)
+def test_grouped_batches_land_like_single_batches(redis_url, grouped):
+    reference = asyncio.run(replay(MemoryStore(CFG), grouped, one_by_one=True))
+    for make in (lambda: MemoryStore(CFG), lambda: RedisStore(redis_url, telemetry=CFG, prefix=f"p{next(_prefixes)}")):
+        assert asyncio.run(replay(make(), grouped, one_by_one=False)) == reference
+    single = asyncio.run(replay(RedisStore(redis_url, telemetry=CFG, prefix=f"p{next(_prefixes)}"), grouped, True))
+    assert single == reference
+
+
+def test_replayed_batch_inside_a_group_is_retried_without_it(redis_url):
+    async def scenario():
+        store = RedisStore(redis_url, telemetry=CFG, prefix="replay")
+        try:
+            first = await store.record_arrivals("seen", [ArrivalRecord("k", T0 + 1, 10, 5)])
+            flags = await store.record_arrival_batches([
+                ("new1", [ArrivalRecord("k", T0 + 2, 10, 5)]),
+                ("seen", [ArrivalRecord("k", T0 + 3, 10, 5)]),             # replay: not counted
+                ("new2", [ArrivalRecord("k", T0 + 4, 10, 5), ArrivalRecord("j", T0 + 14, 1, 0)]),
+                ("new1", [ArrivalRecord("k", T0 + 5, 10, 5)]),             # repeated in the group
+            ])
+            snap = await store.window_rates(T0 + 20, 20.0)
+            return first, flags, snap.total_arrivals, await store.recent_arrivals(T0 + 20, 20.0)
+        finally:
+            await store.close()
+
+    first, flags, total, log = asyncio.run(scenario())
+    assert first and flags == [True, False, True, False]
+    assert total == 1 + 1 + 2
+    assert [r.time - T0 for r in log] == [1, 2, 4, 14]
+
+
+def test_log_encoding_matches_one_record_at_a_time():
+    import orjson
+
+    rows = [("plain", T0 + 0.1, 1, 2), ("with],[inside", T0, 3, 4), ("nl\n\"q\"", 1e-7, 0, 0)]
+    for chunk in (rows[:1], rows[::2], rows):
+        assert log_lines(chunk) == [orjson.dumps(list(r)) for r in chunk]
+        assert log_blob(chunk).split(b"\n") == log_lines(chunk)
+    assert log_lines([ArrivalRecord("k", 2.5, 1, 0)]) == [b'["k",2.5,1,0]'] and log_blob([]) == b""
