@@ -70,7 +70,8 @@ class RedisProcess:
                     "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning"]
             if self.password:
                 args += ["--requirepass", self.password]
-            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            # own session: a terminal Ctrl-C reaches the supervisor, which stops Redis last
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
             if self._wait_ready(timeout):
                 return self
             self.stop()
