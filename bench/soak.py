@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup is None:
         args.warmup = min(60.0, 0.25 * args.minutes * 60)
     os.environ["CACHEROUTE_RETENTION_SECONDS"] = f"{args.retention:g}"   # inherited by collector and planner
+    os.environ["CACHEROUTE_GATE_WINDOW"] = f"{min(120.0, args.retention):g}"   # must fit in the retention
     config = StackConfig(engines=args.engines, dispatchers=args.dispatchers, planner_auto=False, window_seconds=30,
                          bucket_seconds=1, seed=args.seed)
     with Stack(config) as stack:
