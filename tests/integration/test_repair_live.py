@@ -101,6 +101,9 @@ def test_a_dead_replica_is_repaired_and_a_returning_one_gets_keys_back_gradually
     out = asyncio.run(main())
     v1, repaired = out["v1"], out["repaired"]
     orphans = keys_on(v1, "e1")
+    print(f"repair: active {out['repair_seconds']:.2f}s after the kill (grace 1.0s, health every 0.2s), "
+          f"{len(orphans)}/{len(v1.table)} keys moved, churn {repaired.churn:.3f}; return: "
+          f"{len(keys_on(out['loops'][-1][1], 'e1'))} keys on e1 after {len(out['loops'])} loop(s)")
     assert orphans and out["repair_seconds"] < 5.0
     assert repaired.parent_version == v1.version and "e1" not in repaired.replica_ids
     assert out["history"].reason.startswith("repair: replica(s) e1 down")
