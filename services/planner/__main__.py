@@ -125,6 +125,7 @@ class PlannerService:
         self.hub = WatchHub(self.store, poll_seconds=config.watch_poll_seconds)
         self.gate = Gate(config.gate)          # ShadowPlan and BuildPlan(shadow) even when the loop is ungated
         self.health = self.repairer = None
+        self._warm: asyncio.Task | None = None
         replicas = None
         if config.repair and config.replica_addresses:
             self.health = ReplicaHealth(config.replica_addresses, interval=config.health_interval,
@@ -194,6 +195,8 @@ class PlannerService:
         await self.hub.stop()
         if self.health is not None:
             await self.health.stop()
+        if self._warm is not None:
+            self._warm.cancel()
         await self.gate.close()
         if self.running is not None:
             await self.running.stop(grace)

@@ -181,8 +181,11 @@ class ReplayWorker:
         self._proc = None
         self._conn = None
         self._lock = threading.Lock()      # one job at a time (callers also serialize)
+        self._closed = False
 
     def _ensure(self) -> None:
+        if self._closed:
+            raise RuntimeError("the planner is stopping")
         if self._proc is None or not self._proc.is_alive():
             self._kill()
             parent, child = self._ctx.Pipe()
@@ -219,6 +222,10 @@ class ReplayWorker:
             self._proc = None
 
     def close(self) -> None:
+        self._closed = True
+        proc = self._proc
+        if proc is not None and proc.is_alive():
+            proc.kill()            # a job in flight sees EOF at once instead of holding the lock
         with self._lock:
             self._kill()
 
