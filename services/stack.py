@@ -3,15 +3,16 @@ end-to-end test run.
 
 Topology (one process each, `sys.executable -m services.<name>`, all on loopback):
   redis-server (embedded, services.localredis) or an existing one (`redis_url`)
-  collector, planner             -> Redis
+  collector                      -> Redis
   engine-1..N                    -> collector (cache stats)
+  planner                        -> Redis, engines (health checks for failure repair)
   dispatcher-1..M                -> engines, planner (WatchPlans), Redis (fallback), collector
 
 Ports. Every service binds port 0 (and metrics port 0) and logs its bound address in the
 "serving" line that `services.rpc.start_server` writes; the stack reads that line from
 the child's log file, so no port is picked in advance and none can be taken in between.
 A service counts as up once its grpc health check says SERVING. Tiers start in
-dependency order (collector and planner, then engines, then dispatchers); the members of
+dependency order (collector, then engines, then planner, then dispatchers); the members of
 a tier start concurrently.
 
 Stopping: tiers in reverse order; within a tier SIGTERM to every child (each service then
@@ -226,8 +227,9 @@ class Stack:
             if not self.redis_url:
                 self.redis = RedisProcess(host=self.config.host).start()
                 self.redis_url = self.redis.url
-            self._start_tier([self._collector(), self._planner()])
+            self._start_tier([self._collector()])
             self._start_tier([self._engine(i) for i in range(1, self.config.engines + 1)])
+            self._start_tier([self._planner()])
             self._start_tier([self._dispatcher(i) for i in range(1, self.config.dispatchers + 1)])
         except BaseException:
             self.stop()
@@ -282,9 +284,10 @@ class Stack:
 
     def _planner(self) -> Child:
         cfg = self.config
-        ids = ",".join(f"engine-{i}" for i in range(1, cfg.engines + 1))
+        # id=address pairs: the planner health-checks the engines and repairs plans when one dies
+        replicas = ",".join(f"{name}={address}" for name, address in self.engines.items())
         return self._new_child("planner", "planner", self._store_args() + [
-            "--replicas", ids, "--q-cap", f"{cfg.q_cap:g}", "--warm-slots", str(cfg.warm_slots),
+            "--replicas", replicas, "--q-cap", f"{cfg.q_cap:g}", "--warm-slots", str(cfg.warm_slots),
             "--interval", f"{cfg.planner_interval:g}", "--window", f"{cfg.window_seconds:g}",
             "--planner-id", f"planner-{os.getpid()}", "--auto", "1" if cfg.planner_auto else "0",
             "--switch-knobs", cfg.switch_knobs])
