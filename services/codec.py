@@ -30,6 +30,19 @@ FORMAT = "cacheroute.plan/1"
 # JSON
 
 
+
+# JSON has no inf/NaN (orjson writes null); a shadow replay's p99 can be unbounded, so
+# non-finite floats travel as the strings "inf", "-inf" and "nan".
+def _finite_json(fields: dict) -> dict:
+    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
+
+
+_SHADOW_FLOATS = frozenset(f.name for f in dataclasses.fields(ShadowReport) if f.type in (float, "float"))
+
+
+def _floats_back(fields: dict) -> dict:
+    return {k: (float(v) if k in _SHADOW_FLOATS and isinstance(v, str) else v) for k, v in fields.items()}
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -51,7 +64,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "rates_snapshot_id": plan.rates_snapshot_id,
         "window_seconds": plan.window_seconds,
         "decision": dataclasses.asdict(plan.decision) if plan.decision is not None else None,
-        "shadow": dataclasses.asdict(plan.shadow) if plan.shadow is not None else None,
+        "shadow": _finite_json(dataclasses.asdict(plan.shadow)) if plan.shadow is not None else None,
         "extra": dict(plan.extra),
     }
 
@@ -85,7 +98,7 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
             rates_snapshot_id=str(data.get("rates_snapshot_id", "")),
             window_seconds=float(data.get("window_seconds", 0.0)),
             decision=None if data.get("decision") is None else SwitchDecision(**data["decision"]),
-            shadow=None if data.get("shadow") is None else ShadowReport(**data["shadow"]),
+            shadow=None if data.get("shadow") is None else ShadowReport(**_floats_back(data["shadow"])),
             extra=dict(data.get("extra") or {}),
         )
     except KeyError as exc:

@@ -95,3 +95,12 @@ def test_json_decode_garbage():
         plan_from_json(b"{nope")
     with pytest.raises(ValueError, match="JSON object"):
         plan_from_json(b"[1, 2]")
+
+
+def test_unbounded_shadow_p99_survives_json():
+    from services.core.plan import Plan, ShadowReport
+
+    shadow = ShadowReport(ran=True, candidate_ttft_p99=float("inf"), flat_ttft_p99=2.5, reason="inf")
+    plan = Plan(1, 0, 0.0, ("a",), 10.0, 4, {"k": (0,)}, {"k": 1.0}, (1.0,), 1.0, 1, 1, 1.0, shadow=shadow)
+    back = plan_from_json(plan_to_json(plan)).shadow
+    assert back.candidate_ttft_p99 == float("inf") and back.flat_ttft_p99 == 2.5 and back.reason == "inf"
