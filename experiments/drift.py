@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from services.core.engine import get_profile
-from services.core.metrics import hit_rate, percentile
+from services.core.metrics import hit_rate, imbalance, percentile
 from services.core.plan import Plan
 from services.core.planning import build_plan
 from services.core.replan import replan_incremental
@@ -52,11 +52,13 @@ def plan_fn_for(mode: str, prefix_tokens: dict[str, int] | float,
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     last_switch = [-math.inf]
+    decisions: list[dict] = []
 
     def plan_fn(*, now, keys, rates, healthy, active, q_cap, warm_slots, version, replicas, window):
         ids = [f"r{j}" for j in range(replicas)]
-        # a bootstrap plan (built from less than a full window) is replaced in every mode
-        if active is None or active.window_seconds < window or mode == "scratch":
+        # a bootstrap plan (version 1 built from less than a full window) is replaced in every mode
+        bootstrap = active is not None and active.version == 1 and active.window_seconds < window
+        if active is None or bootstrap or mode == "scratch":
             last_switch[0] = now
             return build_plan(keys, rates, ids, q_cap, warm_slots, version=version, parent=active,
                               created_at=now, window_seconds=window)
@@ -68,11 +70,15 @@ def plan_fn_for(mode: str, prefix_tokens: dict[str, int] | float,
             return candidate
         decision = decide_switch(active, candidate, dict(zip(keys, rates)), prefix_tokens, now=now,
                                  last_switch_at=last_switch[0], config=switch_config)
+        decisions.append({"at": now, "switch": decision.switch, "reason": decision.reason,
+                          "staleness": decision.staleness_penalty, "rewarm": decision.rewarm_penalty,
+                          "candidate_imbalance": candidate.predicted_imbalance})
         if not decision.switch:
             return active
         last_switch[0] = now
         return candidate
 
+    plan_fn.decisions = decisions      # the planner mode's keep-or-switch verdicts, in order
     return plan_fn
 
 
@@ -98,8 +104,11 @@ def window_stats(result: SimResult, start: float, stop: float) -> dict:
     served = mask & ~np.isnan(result.ttft)
     unfinished = int(np.count_nonzero(mask & ~result.failed & np.isnan(result.ttft)))
     p99 = math.inf if unfinished else percentile(result.ttft[served], 99)
+    routed = result.replica[mask & (result.replica >= 0)]
+    per_replica = np.bincount(routed, minlength=int(result.replica.max()) + 1) if routed.size else np.zeros(1)
     return {"start": start, "stop": stop, "requests": int(mask.sum()),
-            "hit_rate": hit_rate(result.cached[served], result.prompt[served]), "ttft_p99": p99}
+            "hit_rate": hit_rate(result.cached[served], result.prompt[served]), "ttft_p99": p99,
+            "imbalance": imbalance(per_replica)}
 
 
 def install_dips(result: SimResult, probe: float) -> list[dict]:
@@ -140,9 +149,10 @@ def workload(setup: DriftSetup) -> Workload:
 def run_mode(setup: DriftSetup, mode: str, wl: Workload, q_cap: float) -> tuple[SimResult, dict]:
     """Simulate one mode; the result and its JSON summary."""
     profile = get_profile(setup.profile)
+    plan_fn = plan_fn_for(mode, dict(wl.prefix_tokens))
     config = SimConfig(profile, setup.replicas, warmup=setup.interval, end=setup.duration,
                        control_interval=setup.interval, first_plan_at=setup.first_plan_at, q_cap=q_cap,
-                       plan_fn=plan_fn_for(mode, dict(wl.prefix_tokens)))
+                       plan_fn=plan_fn)
     policy = make_policy("cacheroute", setup.replicas, seed=setup.seed)
     result = Simulator(config, policy, wl.requests).run()
     m = result.metrics
@@ -154,6 +164,7 @@ def run_mode(setup: DriftSetup, mode: str, wl: Workload, q_cap: float) -> tuple[
         "installs": [{"version": p.version, "at": p.at, "churn": p.churn,
                       "predicted_imbalance": p.predicted_imbalance} for p in result.plans],
         "dips": install_dips(result, setup.probe),
+        "decisions": plan_fn.decisions,
         "epochs": epochs,
         "series": {"t": times.tolist(), "hit_rate": [None if math.isnan(x) else x for x in series.tolist()]},
     }

@@ -69,7 +69,7 @@ def test_unknown_mode():
 
 def fake_result(arrival, ttft, cached, prompt, plans=(), end=None):
     a = np.asarray(arrival, dtype=float)
-    return SimpleNamespace(arrival=a, ttft=np.asarray(ttft, dtype=float), cached=np.asarray(cached),
+    return SimpleNamespace(arrival=a, replica=np.arange(len(a)) % 2, ttft=np.asarray(ttft, dtype=float), cached=np.asarray(cached),
                            prompt=np.asarray(prompt), failed=np.zeros(len(a), dtype=bool),
                            plans=list(plans), end=end if end is not None else float(a.max()) + 1)
 
@@ -130,3 +130,14 @@ def test_a_bootstrap_plan_is_replaced_in_every_mode():
     for mode in drift.MODES:
         plan = call(drift.plan_fn_for(mode, 3000.0), boot, perturbed(3))
         assert plan is not boot and plan.builder == "lpt" and plan.window_seconds == 30.0
+
+
+def test_ideal_window_hit_rate_counts_only_the_window():
+    from experiments.ideal import ideal_window_hit_rate
+    from services.core.request import Request
+
+    a = (1, 2, 3, 4)
+    reqs = [Request(0, 0.0, "s", 80, 1, a), Request(1, 1.0, "s", 80, 1, a), Request(2, 2.0, "t", 80, 1, (9, 8, 7, 6))]
+    # window [1, 3): request 1 hits 4 blocks (capped at (80-1)//16 = 4) of 80 tokens, request 2 misses
+    assert ideal_window_hit_rate(reqs, 1.0, 3.0) == pytest.approx(64 / 160)
+    assert ideal_window_hit_rate(reqs, 0.0, 1.0) == 0.0
