@@ -114,20 +114,6 @@ def test_unknown_policy_lists_valid_names():
         make_policy("flat", R, bogus=1)
 
 
-def test_pick_is_fast_enough_for_the_simulator():
-    import time
-
-    w = make_workload("paper", qps=100, duration=30, seed=1)
-    for name in POLICIES:
-        p = make_policy(name, 30, seed=1)
-        p.set_plan(make_plan({k: (i % 30,) for i, k in enumerate(w.keys[:100])}, replicas=30))
-        state = ClusterState.empty(30)
-        start = time.perf_counter()
-        drive(p, w.requests[:2000], state)
-        per_pick = (time.perf_counter() - start) / 2000
-        assert per_pick < 200e-6, (name, per_pick)      # >= 5,000 req/s with room for the engine
-
-
 # ---------------------------------------------------------------- helpers
 
 
