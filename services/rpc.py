@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 import grpc
 import orjson
@@ -430,3 +430,35 @@ async def start_server(
     log.info("serving", extra=kv(address=running.address, metrics_port=running.metrics_port,
                                  tls=config.tls.server_enabled, auth=bool(config.auth_token)))
     return running
+
+
+# ---------------------------------------------------------------- main()
+
+class Service(Protocol):
+    """What each service's `serve(config)` returns."""
+
+    running: RunningServer | None
+
+    async def stop(self) -> None: ...
+
+
+def run_service(name: str, parse_config: Callable[[], Any], serve: Callable[[Any], Awaitable[Service]]) -> int:
+    """The body of every service's `main()`: build the config (a ValueError is one line on
+    stderr and exit 2), JSON logs, serve until SIGTERM/SIGINT, then stop gracefully."""
+    try:
+        config = parse_config()
+    except ValueError as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(name, config.server.log_level)
+
+    async def run() -> None:
+        service = await serve(config)
+        try:
+            assert service.running is not None
+            await service.running.wait_for_stop_signal()
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
+    return 0

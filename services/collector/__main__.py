@@ -14,21 +14,35 @@ Environment variables (flags override them):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from cacheroute.v1 import collector_pb2_grpc
 from prometheus_client import Counter, Gauge
 
-from cacheroute.v1 import collector_pb2_grpc
 from services.collector.ingest import IngestCounters, Ingestor
 from services.collector.servicer import CollectorServicer
-from services.rpc import (RpcMetrics, RunningServer, ServerConfig, add_server_flags, env, kv, server_config,
-                          setup_logging, start_server)
-from services.store import Store, TelemetryConfig, add_store_flags, open_store, telemetry_from_args
+from services.rpc import (
+    RpcMetrics,
+    RunningServer,
+    ServerConfig,
+    add_server_flags,
+    env,
+    kv,
+    run_service,
+    server_config,
+    start_server,
+)
+from services.store import (
+    Store,
+    TelemetryConfig,
+    add_store_flags,
+    open_store,
+    telemetry_from_args,
+)
 
 log = logging.getLogger("cacheroute.collector")
 SERVICE = "cacheroute.v1.Collector"
@@ -120,24 +134,8 @@ def config_from_args(args: argparse.Namespace) -> CollectorConfig:
                            queue_size=args.queue_size, writers=args.writers, coalesce=args.coalesce)
 
 
-async def _run(config: CollectorConfig) -> None:
-    service = await serve(config)
-    try:
-        await service.running.wait_for_stop_signal()
-    finally:
-        await service.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        config = config_from_args(args)
-    except ValueError as exc:
-        print(f"collector: error: {exc}", file=sys.stderr)
-        return 2
-    setup_logging("collector", config.server.log_level)
-    asyncio.run(_run(config))
-    return 0
+    return run_service("collector", lambda: config_from_args(build_parser().parse_args(argv)), serve)
 
 
 if __name__ == "__main__":

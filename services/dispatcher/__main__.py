@@ -25,15 +25,14 @@ Environment variables (flags override them):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import inspect
 import logging
 import sys
 from dataclasses import dataclass
 
+from cacheroute.v1 import dispatcher_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from cacheroute.v1 import dispatcher_pb2_grpc
 from services.core.policies.cacheroute import COLD_TAILS, CacheRoutePolicy
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.plans import PlanFeed
@@ -41,7 +40,15 @@ from services.dispatcher.router import Replica, Router, parse_replicas
 from services.dispatcher.servicer import DispatcherServicer, KeyRules
 from services.dispatcher.telemetry import ArrivalReporter
 from services.rpc import (
-    RpcMetrics, RunningServer, ServerConfig, add_server_flags, env, kv, server_config, setup_logging, start_server,
+    RpcMetrics,
+    RunningServer,
+    ServerConfig,
+    add_server_flags,
+    env,
+    kv,
+    run_service,
+    server_config,
+    start_server,
 )
 
 log = logging.getLogger("cacheroute.dispatcher")
@@ -187,18 +194,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity, seed=args.seed)
 
 
-async def _run(config: DispatcherConfig) -> None:
-    service = await serve(config)
-    assert service.running is not None
-    await service.running.wait_for_stop_signal()
-    await service.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
-    config = parse_args(argv)
-    setup_logging("dispatcher", config.server.log_level)
-    asyncio.run(_run(config))
-    return 0
+    return run_service("dispatcher", lambda: parse_args(argv), serve)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,26 @@ Environment variables (flags override them):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from dataclasses import dataclass
 
 from cacheroute.v1 import engine_pb2_grpc
+
 from services.core.engine import EngineModel, get_profile
 from services.engine.reporter import CacheStatsReporter
 from services.engine.runner import EngineRunner
 from services.engine.servicer import EngineServicer, Limits
-from services.rpc import RunningServer, ServerConfig, add_server_flags, env, kv, server_config, setup_logging, start_server
+from services.rpc import (
+    RunningServer,
+    ServerConfig,
+    add_server_flags,
+    env,
+    kv,
+    run_service,
+    server_config,
+    start_server,
+)
 
 log = logging.getLogger("cacheroute.engine")
 SERVICE = "cacheroute.v1.Engine"
@@ -120,18 +129,8 @@ def parse_args(argv: list[str] | None) -> EngineConfig:
         max_requests=args.max_requests)
 
 
-async def _run(config: EngineConfig) -> None:
-    service = await serve(config)
-    assert service.running is not None
-    await service.running.wait_for_stop_signal()
-    await service.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
-    config = parse_args(argv)
-    setup_logging("engine", config.server.log_level)
-    asyncio.run(_run(config))
-    return 0
+    return run_service("engine", lambda: parse_args(argv), serve)
 
 
 if __name__ == "__main__":

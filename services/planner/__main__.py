@@ -52,18 +52,38 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from cacheroute.v1 import planner_pb2_grpc
 from prometheus_client import Counter, Gauge, Histogram
 
-from cacheroute.v1 import planner_pb2_grpc
 from services.core.shadow import FallbackConfig
-from services.planner.control import ControlLoop, LoopConfig, LoopCounters, switching_config
+from services.planner.control import (
+    ControlLoop,
+    LoopConfig,
+    LoopCounters,
+    switching_config,
+)
 from services.planner.gate import Gate, GateConfig, default_cold_tail
-from services.planner.repair import ReplicaHealth, Repairer
+from services.planner.repair import Repairer, ReplicaHealth
 from services.planner.servicer import PlannerServicer
 from services.planner.watch import WatchHub
-from services.rpc import (RpcMetrics, RunningServer, ServerConfig, add_server_flags, env, kv, server_config,
-                          setup_logging, start_server)
-from services.store import Store, TelemetryConfig, add_store_flags, open_store, telemetry_from_args
+from services.rpc import (
+    RpcMetrics,
+    RunningServer,
+    ServerConfig,
+    add_server_flags,
+    env,
+    kv,
+    run_service,
+    server_config,
+    start_server,
+)
+from services.store import (
+    Store,
+    TelemetryConfig,
+    add_store_flags,
+    open_store,
+    telemetry_from_args,
+)
 
 log = logging.getLogger("cacheroute.planner")
 SERVICE = "cacheroute.v1.Planner"
@@ -344,24 +364,8 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
                          health_timeout=args.health_timeout, repair_grace=args.repair_grace)
 
 
-async def _run(config: PlannerConfig) -> None:
-    service = await serve(config)
-    try:
-        await service.running.wait_for_stop_signal()
-    finally:
-        await service.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        config = config_from_args(args)
-    except ValueError as exc:
-        print(f"planner: error: {exc}", file=sys.stderr)
-        return 2
-    setup_logging("planner", config.server.log_level)
-    asyncio.run(_run(config))
-    return 0
+    return run_service("planner", lambda: config_from_args(build_parser().parse_args(argv)), serve)
 
 
 if __name__ == "__main__":
