@@ -21,6 +21,7 @@ class AffinityPolicy(CacheRoutePolicy):
     name = "affinity"
 
     def __init__(self, replicas: int, *, rng: random.Random, vnodes: int = 160, **knobs):
+        knobs.setdefault("balance_factor", None)     # the ablations isolate placement: no overload guard
         super().__init__(replicas, rng=rng, **knobs)
         self._ring = Ring(replicas, vnodes)
 

@@ -6,32 +6,68 @@ over all healthy replicas -> Reason.FALLBACK. A key outside the table (the cold 
 goes to the cold-tail policy -> Reason.COLD. In flat-fallback mode (SPEC section 3, step
 4: the active set or p99 left the validated range) every request goes P2C ->
 Reason.FALLBACK. Without a plan every key is cold.
+
+Overload guard (bounded loads on planned keys): the plan is open-loop within a control
+interval and its load estimate comes from noisy windowed rates, so a member can pass its
+knee and queue without bound while the plan still says it is fine. A planned pick must
+therefore meet the bounded-load condition of Mirrokni et al. (as CHWBL does),
+    in_flight[r] + 1 <= max(floor, ceil(c * (total_in_flight + 1) / healthy_replicas)).
+The least-loaded member is tried first, so if it fails every member fails; the request then
+spills to the key's consistent-hash ring successors (first one within the bound) ->
+Reason.FALLBACK. Walking the key's own ring keeps one key's spill on few replicas, so the
+spilled prefix stays warm there; the least-loaded healthy replica always meets the bound
+(c >= 1), so the walk ends.
+
 Knobs: `cold` = "p2c" (default; the paper's cold tail) or "chwbl" (session-aware cold
 tail: consistent hashing with bounded loads, so a recurring cold key tends to return to
-the same replica); `flat_fallback` (initial mode, also `set_flat_fallback`).
-Source: CacheRoute paper, Algorithm 1 line 21 and section 3.3.
+the same replica); `flat_fallback` (initial mode, also `set_flat_fallback`);
+`balance_factor` c (default 1.25, the Envoy/HAProxy factor CHWBL runs with; None turns
+the guard off, as the ablation policies do). Chosen once (docs/experiments.md, "Overload
+guard"): at the 30-100 requests in flight per replica of our loads near capacity, 1.25 is
+~2 standard deviations of Poisson noise above the mean, so it rarely fires on noise, and
+it holds the peak replica at 1.25x the mean; measured on flagship, ablation and low-reuse,
+c = 1.1 bought a little more p99 for a few tenths of a point of hit rate, and 1.5 / 2.0
+did not hold low-reuse at 100 QPS. `spill_floor` (default 8): a replica with fewer
+requests in flight is never called overloaded; at small counts the ratio is noise (the
+reason SGLang's router also wants an absolute gap before it balances), and 8 requests of a
+few thousand prompt tokens are a handful of 8,192-token prefill steps, well under a second.
+Sources: CacheRoute paper, Algorithm 1 line 21 and section 3.3; Mirrokni, Thorup,
+Zadimoghaddam, "Consistent Hashing with Bounded Loads", SODA'18 (the bound).
 """
 
 from __future__ import annotations
 
+import math
 import random
+from itertools import compress
 from typing import Mapping
 
-from services.core.policies._common import least_loaded, p2c
+from services.core.policies._common import Ring, least_loaded, p2c
 from services.core.policies.chwbl import ChwblPolicy
 from services.core.policy import ClusterState, Pick, Reason
 from services.core.request import Request
 
 COLD_TAILS = ("p2c", "chwbl")
+BALANCE_FACTOR = 1.25
+SPILL_FLOOR = 8
 
 
 class CacheRoutePolicy:
     name = "cacheroute"
 
     def __init__(self, replicas: int, *, rng: random.Random, cold: str = "p2c",
-                 flat_fallback: bool = False):
+                 flat_fallback: bool = False, balance_factor: float | None = BALANCE_FACTOR,
+                 spill_floor: int = SPILL_FLOOR):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
+        if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
+            raise ValueError(f"balance_factor must be a finite number >= 1, or None (guard off), "
+                             f"got {balance_factor!r}")
+        if spill_floor < 0:
+            raise ValueError(f"spill_floor must be >= 0, got {spill_floor!r}")
+        self.balance_factor = balance_factor
+        self.spill_floor = spill_floor
+        self._spill_ring = Ring(replicas) if balance_factor is not None else None
         self.replicas = replicas
         self.cold = cold
         self.flat_fallback = flat_fallback
@@ -66,4 +102,21 @@ class CacheRoutePolicy:
         best = least_loaded(members, state)
         if best is None:
             return Pick(p2c(self._rng, state), Reason.FALLBACK)
-        return Pick(best, Reason.PLANNED)
+        c = self.balance_factor
+        if c is None:
+            return Pick(best, Reason.PLANNED)
+        load, healthy = state.in_flight, state.healthy       # the bound, inline: this runs per request
+        live = healthy.count(True)
+        total = sum(load) if live == len(load) else sum(compress(load, healthy))
+        bound = max(self.spill_floor, math.ceil(c * (total + 1) / live))
+        if load[best] + 1 <= bound:
+            return Pick(best, Reason.PLANNED)
+        return Pick(self._spill(request.key, state, bound), Reason.FALLBACK)
+
+    def _spill(self, key: str, state: ClusterState, bound: int) -> int:
+        """First healthy ring successor of the key within the bound (members are all above it)."""
+        healthy, load = state.healthy, state.in_flight
+        for r in self._spill_ring.walk(key):
+            if healthy[r] and load[r] + 1 <= bound:
+                return r
+        return least_loaded(range(len(load)), state)      # unreachable for c >= 1

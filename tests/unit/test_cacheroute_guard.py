@@ -1,0 +1,129 @@
+"""The cacheroute policy's overload guard: bounded loads on planned keys, spill along the key's ring."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.core.policies import make_policy
+from services.core.policies._common import Ring
+from services.core.policies.cacheroute import BALANCE_FACTOR
+from services.core.policy import ClusterState, Reason
+from tests.unit.test_policies_rules import R, make_plan, request, state_with
+
+
+def bound(c, in_flight, healthy=None, floor=0):
+    healthy = healthy or [True] * len(in_flight)
+    live = sum(healthy)
+    return max(floor, math.ceil(c * (sum(l for l, ok in zip(in_flight, healthy) if ok) + 1) / live))
+
+
+def test_member_within_the_bound_is_planned():
+    p = make_policy("cacheroute", R, balance_factor=1.25, spill_floor=0)
+    p.set_plan(make_plan({"a": (2, 5)}))
+    s = state_with([4, 4, 5, 4, 4, 5, 4, 4])        # bound ceil(1.25 * 35 / 8) = 6: 5 + 1 fits
+    assert p.pick(request("a"), s) == (2, Reason.PLANNED)
+
+
+def test_overloaded_members_spill_to_the_keys_ring_successor():
+    p = make_policy("cacheroute", R, balance_factor=1.25, spill_floor=0)
+    p.set_plan(make_plan({"a": (2, 5)}))
+    s = state_with([1, 1, 9, 1, 1, 8, 1, 1])        # bound ceil(1.25 * 24 / 8) = 4
+    pick = p.pick(request("a"), s)
+    assert pick.reason is Reason.FALLBACK
+    successor = next(r for r in Ring(R).walk("a") if r not in (2, 5))
+    assert pick.replica == successor
+    # repeated spills of one key stay on that replica while it is within the bound
+    assert {p.pick(request("a"), s).replica for _ in range(20)} == {successor}
+
+
+def test_spill_skips_unhealthy_and_full_successors():
+    p = make_policy("cacheroute", R, balance_factor=1.0, spill_floor=0)
+    p.set_plan(make_plan({"a": (2,)}))
+    walk = [r for r in Ring(R).walk("a") if r != 2]
+    load = [2] * R
+    load[2] = 9
+    load[walk[0]] = 6                               # over the bound
+    healthy = [True] * R
+    healthy[walk[1]] = False
+    s = state_with(load, healthy=healthy)
+    assert p.pick(request("a"), s) == (walk[2], Reason.FALLBACK)
+
+
+def test_no_spill_below_the_floor():
+    p = make_policy("cacheroute", R)                # defaults: c = 1.5, floor 8
+    p.set_plan(make_plan({"a": (2,)}))
+    s = state_with([0] * R)
+    picks = []
+    for _ in range(9):                              # a burst of one key on an idle cluster
+        picks.append(p.pick(request("a"), s))
+        s.in_flight[picks[-1].replica] += 1
+    assert picks[:8] == [(2, Reason.PLANNED)] * 8
+    assert picks[8].reason is Reason.FALLBACK and picks[8].replica != 2
+
+
+def test_guard_off_and_ablations_keep_the_plain_rule():
+    s = state_with([0, 0, 50, 0, 0, 0, 0, 0])
+    off = make_policy("cacheroute", R, balance_factor=None)
+    off.set_plan(make_plan({"a": (2,)}))
+    assert off.pick(request("a"), s) == (2, Reason.PLANNED)
+    for name in ("affinity", "affinity-replication"):
+        p = make_policy(name, R)
+        assert p.balance_factor is None
+    assert make_policy("cacheroute", R).balance_factor == BALANCE_FACTOR
+    for bad in (0.9, math.inf, math.nan):
+        with pytest.raises(ValueError, match="balance_factor"):
+            make_policy("cacheroute", R, balance_factor=bad)
+    with pytest.raises(ValueError, match="spill_floor"):
+        make_policy("cacheroute", R, spill_floor=-1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=R, max_size=R),
+       st.lists(st.booleans(), min_size=R, max_size=R),
+       st.sampled_from([1.0, 1.1, 1.25, 1.5, 2.0]),
+       st.sampled_from(["a", "b", "cold"]),
+       st.sampled_from([0, 8]))
+def test_every_pick_is_healthy_and_planned_picks_respect_the_bound(load, healthy, c, key, floor):
+    if not any(healthy):
+        healthy[0] = True
+    p = make_policy("cacheroute", R, balance_factor=c, spill_floor=floor)
+    p.set_plan(make_plan({"a": (1, 4, 6), "b": (3,)}))
+    s = state_with(load, healthy=healthy)
+    pick = p.pick(request(key), s)
+    assert healthy[pick.replica]
+    if key != "cold":
+        assert load[pick.replica] + 1 <= bound(c, load, healthy, floor)
+        members = (1, 4, 6) if key == "a" else (3,)
+        assert (pick.reason is Reason.PLANNED) == (pick.replica in members)
+
+
+def test_pick_stays_fast():
+    p = make_policy("cacheroute", 30)
+    keys = [f"k{i}" for i in range(128)]
+    rng = random.Random(0)
+    p.set_plan(_plan30(keys, rng))
+    s = ClusterState.empty(30)
+    s.in_flight[:] = [rng.randrange(80, 120) for _ in range(30)]
+    reqs = [request(k) for k in keys]
+    n = 20_000
+    t0 = time.perf_counter()
+    for i in range(n):
+        p.pick(reqs[i & 127], s)
+    per_pick = (time.perf_counter() - t0) / n
+    print(f"cacheroute pick with the guard: {1e6 * per_pick:.2f} us")
+    assert per_pick < 20e-6        # a few us on an idle core; generous for a shared CI box
+
+
+def _plan30(keys, rng):
+    from services.core.plan import Plan
+
+    return Plan(version=1, parent_version=0, created_at=0.0, replica_ids=tuple(f"r{i}" for i in range(30)),
+                q_cap=10.0, warm_slots=8, table={k: (rng.randrange(30),) for k in keys},
+                rates={k: 1.0 for k in keys}, expected_load=(1.0,) * 30, predicted_imbalance=1.0,
+                total_keys=len(keys), admitted_keys=len(keys), admitted_rate_share=1.0)
