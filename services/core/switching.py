@@ -2,7 +2,8 @@ r"""The switching rule: keep the active plan until staleness costs more than re-
 
 SPEC section 2 (paper: installing a plan costs a transient hit-rate drop while new owners
 warm up; keeping a stale plan costs slowly accumulating loss). Both sides are measured in
-prefill seconds, the work a cache hit saves. Definitions (docs/architecture.md,
+seconds per second of engine work or waiting: prefill seconds (the work a cache hit saves)
+and, for load, seconds requests spend queued. Definitions (docs/architecture.md,
 "Staleness vs re-warm"), with current rates lambda_b, prefix tokens P_b and per-token prefill
 cost c:
 
@@ -10,9 +11,13 @@ cost c:
                              lambda_b / |T(b)|, where cold = rates of keys outside T
   cache gap (per second)     sum_{b in T_C \ T_A} lambda_b P_b c  -  sum_{b in T_A \ T_C} lambda_b P_b c
                              (hot keys the active plan leaves cold, minus those the candidate would)
+  queue gap (per second)     Q(L(A)) - Q(L(C)), Q(L) = sum_r min(rho_r^2 / (1 - rho_r), queue_cap),
+                             rho_r = L_r / q_cap: the mean number of requests waiting at an M/M/1
+                             server of rate q_cap (Little: seconds of waiting per second), which
+                             grows smoothly with load long before L_r reaches q_cap
   overload gap (per second)  (O(L(A)) - O(L(C))) * P_mean * c, O(L) = sum_r max(0, L_r - q_cap):
                              requests past the latency knee are treated as spilled cold
-  staleness penalty S        max(0, cache gap + overload gap)                [prefill s / s]
+  staleness penalty S        max(0, cache gap + queue_weight * queue gap + overload gap)   [s / s]
   re-warm penalty W          sum over keys b of the candidate with new owners N_b = T_C(b) \ T_A(b)
                              (by replica id) of P_b c (|N_b| + lambda_b |N_b| / |T_C(b)| * rewarm_seconds):
                              one cold prefill per new owner, plus the moved share of the key's
@@ -25,7 +30,14 @@ routes to replicas that are gone or misses new ones), dwell notwithstanding.
 Knobs (SwitchConfig): horizon_seconds 300 (how long a kept plan would keep paying S),
 hysteresis 1.0, min_dwell_seconds 120, prefill_seconds_per_token 78e-6 (the per-token term
 `a` of the 70B fp8 TP2 profile, SPEC section 4), rewarm_seconds 60 (about one control
-interval), default_prefix_tokens 2048 (for keys missing from a prefix-token mapping).
+interval), default_prefix_tokens 2048 (for keys missing from a prefix-token mapping),
+queue_weight 1.0 (a second of waiting counts as a second of prefill work: both are TTFT),
+queue_cap 10 (per replica; reached at rho ~ 0.92, so a replica at or past its knee weighs
+as ten requests waiting a full second each per second, and one badly placed plan cannot
+make the penalty infinite). Why M/M/1 with service rate q_cap: q_cap is the measured
+latency knee, below the replica's true throughput, so the curve is already steep where
+the engine's p99 starts to climb; Poisson arrivals dominate the variability of a batched
+engine's queue. Sources: Kleinrock, Queueing Systems vol. 1 (M/M/1 L_q = rho^2/(1-rho)).
 
 Why hysteresis 1.0: S is measured on the same noisy rates the candidate was built from, so
 pure measurement noise already shows a gain (winner's curse). On 2,000 keys / R = 8 with
@@ -54,10 +66,12 @@ class SwitchConfig:
     prefill_seconds_per_token: float = 78e-6
     rewarm_seconds: float = 60.0
     default_prefix_tokens: float = 2048.0
+    queue_weight: float = 1.0
+    queue_cap: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("horizon_seconds", "hysteresis", "min_dwell_seconds", "prefill_seconds_per_token",
-                     "rewarm_seconds", "default_prefix_tokens"):
+                     "rewarm_seconds", "default_prefix_tokens", "queue_weight", "queue_cap"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -67,7 +81,8 @@ class SwitchConfig:
 class Staleness:
     cache: float      # prefill s/s: hot keys the active plan leaves cold, net
     overload: float   # prefill s/s: requests past the knee under the active plan, net of the candidate's
-    total: float      # max(0, cache + overload)
+    total: float      # max(0, cache + queue_weight * queue + overload)
+    queue: float = 0.0   # waiting s/s: queueing under the active plan, net of the candidate's
 
 
 def _tokens(prefix_tokens: Mapping[str, float] | float, config: SwitchConfig):
@@ -99,6 +114,18 @@ def overload(loads: list[float], q_cap: float) -> float:
     return math.fsum(max(0.0, load - q_cap) for load in loads)
 
 
+def queueing(loads: list[float], q_cap: float, cap: float) -> float:
+    """Requests waiting on average (= seconds of waiting per second), summed over replicas:
+    M/M/1 L_q = rho^2 / (1 - rho) at rho = load / q_cap, each replica capped at `cap`."""
+    if q_cap <= 0:
+        return 0.0
+    parts = []
+    for load in loads:
+        rho = load / q_cap
+        parts.append(cap if rho >= 1.0 else min(cap, rho * rho / (1.0 - rho)))
+    return math.fsum(parts)
+
+
 def staleness_penalty(active: Plan, candidate: Plan, rates: Mapping[str, float],
                       prefix_tokens: Mapping[str, float] | float, config: SwitchConfig) -> Staleness:
     tokens = _tokens(prefix_tokens, config)
@@ -108,14 +135,17 @@ def staleness_penalty(active: Plan, candidate: Plan, rates: Mapping[str, float],
     cache = (gained - lost) * c
 
     total = math.fsum(rates.values())
-    spill = overload(loads_under(active, rates, total), candidate.q_cap) - \
-        overload(loads_under(candidate, rates, total), candidate.q_cap)
+    loads_a, loads_c = loads_under(active, rates, total), loads_under(candidate, rates, total)
+    q_cap = candidate.q_cap
+    spill = overload(loads_a, q_cap) - overload(loads_c, q_cap)
+    queue = queueing(loads_a, q_cap, config.queue_cap) - queueing(loads_c, q_cap, config.queue_cap)
     hot = set(active.table) | set(candidate.table)
     hot_rate = math.fsum(rates.get(b, 0.0) for b in hot)
     mean_tokens = (math.fsum(rates.get(b, 0.0) * tokens(b) for b in hot) / hot_rate if hot_rate > 0
                    else (config.default_prefix_tokens if isinstance(prefix_tokens, Mapping) else float(prefix_tokens)))
     over = spill * mean_tokens * c
-    return Staleness(cache=cache, overload=over, total=max(0.0, cache + over))
+    return Staleness(cache=cache, overload=over, total=max(0.0, cache + config.queue_weight * queue + over),
+                     queue=queue)
 
 
 def rewarm_penalty(active: Plan, candidate: Plan, rates: Mapping[str, float],

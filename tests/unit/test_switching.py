@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 
 from services.core.planning import build_plan
 from services.core.replan import replan_incremental
-from services.core.switching import (SwitchConfig, decide_switch, loads_under, overload, rewarm_penalty,
+from services.core.switching import (SwitchConfig, decide_switch, loads_under, overload, queueing, rewarm_penalty,
                                      staleness_penalty)
 
 IDS = [f"r{i}" for i in range(8)]
@@ -140,3 +141,37 @@ def test_rewarm_counts_new_owners_by_replica_id():
 def test_config_validation():
     with pytest.raises(ValueError, match="hysteresis"):
         SwitchConfig(hysteresis=-1.0)
+
+
+def first_switch_peak(config: SwitchConfig) -> float:
+    """Peak predicted load / q_cap of the active plan when the rule first switches, as the eight
+    keys sharing replica 0 grow 4% per interval (total rate held): slow drift toward overload."""
+    keys, q_cap, slots = [f"s{i}" for i in range(256)], 12.0, 64
+    base = np.full(len(keys), 0.25)                     # mean load 8 = 0.67 q_cap
+    active = build_plan(keys, base, IDS, q_cap, slots)
+    growing = [i for i, key in enumerate(keys) if 0 in active.table[key]]
+    for step in range(1, 40):
+        rates = base.copy()
+        rates[growing] *= 1.04 ** step
+        rates *= base.sum() / rates.sum()
+        now = dict(zip(keys, rates.tolist()))
+        candidate = replan_incremental(active, keys, rates, IDS, q_cap, slots, version=2)
+        d = decide_switch(active, candidate, now, 2048.0, now=1000.0 + 60.0 * step, last_switch_at=0.0,
+                          config=config)
+        if d.switch:
+            return max(loads_under(active, now)) / q_cap
+    return math.inf
+
+
+def test_slow_drift_toward_overload_switches_before_any_replica_passes_q_cap():
+    assert first_switch_peak(CONFIG) < 0.9
+    # the old rule (no queueing term) priced load only past q_cap: it waited for overload
+    assert first_switch_peak(dataclasses.replace(CONFIG, queue_weight=0.0)) > 1.0
+
+
+def test_queueing_grows_smoothly_below_the_knee_and_is_capped():
+    q = [queueing([rho * 10.0], 10.0, CONFIG.queue_cap) for rho in (0.0, 0.3, 0.5, 0.7, 0.8, 0.9)]
+    assert q[0] == 0.0 and all(a < b for a, b in zip(q, q[1:]))
+    assert q[2] == pytest.approx(0.5) and q[4] == pytest.approx(3.2)        # M/M/1 L_q = rho^2 / (1 - rho)
+    assert queueing([9.9, 10.0, 50.0], 10.0, CONFIG.queue_cap) == pytest.approx(3 * CONFIG.queue_cap)
+    assert queueing([5.0, 5.0], 0.0, CONFIG.queue_cap) == 0.0
