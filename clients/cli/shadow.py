@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-requests", type=int, default=2000, help="replay the latest N records (default 2000)")
     p.add_argument("--load-scales", default="1,1.5,2,3,4", help="load multipliers, must include 1")
     p.add_argument("--cold", default="p2c", choices=("p2c", "chwbl"), help="candidate's cold-tail policy")
+    p.add_argument("--balance-factor", default=None,
+                   help="candidate's overload guard c, or 'off' (default: the cacheroute policy's, as live)")
     p.add_argument("--q-cap", type=float, help="with --policy: req/s per replica (default: calibrated)")
     p.add_argument("--warm-slots", type=int, help="with --policy: W per replica (default: from the KV size)")
     p.add_argument("--seed", type=int, default=0)
@@ -53,7 +55,8 @@ def cmd_shadow(args: argparse.Namespace) -> int:
         profile = get_profile(args.profile)
         scales = tuple(float(x) for x in args.load_scales.split(",") if x.strip())
         config = ShadowConfig(profile, args.replicas, kv_blocks=args.kv_blocks, slo_p99=args.slo_p99, margin=args.margin,
-                              max_requests=args.max_requests, load_scales=scales, cold=args.cold, seed=args.seed)
+                              max_requests=args.max_requests, load_scales=scales, cold=args.cold, seed=args.seed,
+                              **_guard(args.balance_factor))
         records = latest(load_records(args.trace, args.qps), config.max_requests)
         plan = _candidate(args, records, profile)
         report = shadow_replay(records, plan, config)
@@ -124,3 +127,15 @@ def _candidate(args: argparse.Namespace, records, profile):
     w = args.warm_slots or calibrate.warm_slots(profile, mean_prefix)
     keys = list(counts)
     return build_plan(keys, [counts[k] / span for k in keys], [f"r{j}" for j in range(args.replicas)], q_cap, w)
+
+
+def _guard(text: str | None) -> dict:
+    """--balance-factor: absent -> the policy's default, 'off' -> None, else a number."""
+    if text is None:
+        return {}
+    if text.strip().lower() == "off":
+        return {"balance_factor": None}
+    try:
+        return {"balance_factor": float(text)}
+    except ValueError:
+        raise ValueError(f"--balance-factor must be a number >= 1 or 'off', got {text!r}") from None

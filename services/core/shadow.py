@@ -44,6 +44,7 @@ from typing import Iterable, Literal, Sequence
 from services.core.engine import EngineProfile
 from services.core.metrics import slo_capacity
 from services.core.plan import Plan, ShadowReport
+from services.core.policies.cacheroute import BALANCE_FACTOR
 from services.core.request import BLOCK_TOKENS, Request
 
 Mode = Literal["planned", "flat"]
@@ -73,6 +74,7 @@ class ShadowConfig:
     drain_limit: float = 120.0                     # simulated seconds after the last arrival
     default_output_tokens: int = 192
     cold: str = "p2c"                              # the candidate's cold-tail policy
+    balance_factor: float | None = BALANCE_FACTOR  # the candidate's overload guard (None: off), as live
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -231,7 +233,8 @@ def _run(requests: list[Request], config: ShadowConfig, plan: Plan | None):
     if plan is None:
         policy = make_policy("flat", config.replicas, seed=config.seed)
     else:
-        policy = make_policy("cacheroute", config.replicas, seed=config.seed, cold=config.cold)
+        policy = make_policy("cacheroute", config.replicas, seed=config.seed, cold=config.cold,
+                             balance_factor=config.balance_factor)
         policy.set_plan(plan)
     return Simulator(sim, policy, requests).run()
 

@@ -21,7 +21,10 @@ WL = make_workload("paper", qps=24, duration=100, seed=2, active_set=24)
 def run(on_failure, max_moves=None):
     cfg = SimConfig(P8, R, kv_blocks=2500, control_interval=20.0, q_cap=4.0, warm_slots=8,
                     plan_fn=incremental_plan_fn(max_moves), failures=(Failure(1, DOWN, BACK),))
-    return RepairSimulator(cfg, make_policy("cacheroute", R, seed=1), WL.requests, on_failure=on_failure).run()
+    # guard off: these tests compare what the plans do; on this 4-replica cluster the overload guard's
+    # spill blurs the 10 s window after the failure (docs/experiments.md, "Overload guard")
+    policy = make_policy("cacheroute", R, seed=1, balance_factor=None)
+    return RepairSimulator(cfg, policy, WL.requests, on_failure=on_failure).run()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -112,7 +113,8 @@ def test_replay_of_a_good_plan_passes_on_p99_or_capacity():
 def test_replay_of_a_plan_that_pins_everything_on_one_replica_fails():
     recs = small_stream()
     keys = {r.key for r in recs}
-    report = shadow_replay(recs, plan_for(recs, table={k: (0,) for k in keys}), SMALL)
+    # unguarded: the dispatcher's overload guard would spill this plan's excess (tested below)
+    report = shadow_replay(recs, plan_for(recs, table={k: (0,) for k in keys}), replace(SMALL, balance_factor=None))
     assert report.ran and not report.passed
     assert report.candidate_ttft_p99 > report.flat_ttft_p99
 
@@ -152,3 +154,12 @@ def test_fallback_check(validated, observed, mode):
 def test_validated_range():
     (lo, hi), p99 = validated_range(PASSED, FallbackConfig(0.5, 0.5, 0.25))
     assert (lo, hi, p99) == pytest.approx((100 / 1.5, 150, 1.75))
+
+
+def test_replay_dispatches_like_the_live_policy_with_the_overload_guard():
+    recs = small_stream()
+    keys = {r.key for r in recs}
+    pinned = plan_for(recs, table={k: (0,) for k in keys})
+    guarded = shadow_replay(recs, pinned, SMALL)
+    unguarded = shadow_replay(recs, pinned, replace(SMALL, balance_factor=None))
+    assert guarded.candidate_ttft_p99 < unguarded.candidate_ttft_p99
