@@ -9,7 +9,8 @@ Prometheus metrics on an HTTP port, and graceful shutdown (health NOT_SERVING, t
 Environment variables (flags override them; documented defaults in parentheses):
   CACHEROUTE_HOST (127.0.0.1)            address to bind
   CACHEROUTE_METRICS_HOST (127.0.0.1)    Prometheus HTTP bind address
-  CACHEROUTE_AUTH_TOKEN / _FILE          bearer token required on control RPCs (none)
+  CACHEROUTE_AUTH_TOKEN / _FILE          bearer token required on control and telemetry-write RPCs,
+                                         and sent by the services that call them (none)
   CACHEROUTE_TLS_CERT, _TLS_KEY          server certificate and key (PEM files; plaintext if unset)
   CACHEROUTE_TLS_CLIENT_CA               require client certificates signed by this CA (mTLS)
   CACHEROUTE_TLS_CA                      CA that clients use to verify servers
@@ -26,6 +27,7 @@ import asyncio
 import hmac
 import logging
 import os
+import random
 import signal
 import sys
 import time
@@ -111,7 +113,8 @@ def add_server_flags(parser: argparse.ArgumentParser, *, default_port: int, defa
     g.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", str(default_metrics_port))),
                    help=f"Prometheus port, -1 = off, 0 = ephemeral (env CACHEROUTE_METRICS_PORT, default {default_metrics_port})")
     g.add_argument("--auth-token-file", default=env("AUTH_TOKEN_FILE") or None,
-                   help="file holding the bearer token for control RPCs (or env CACHEROUTE_AUTH_TOKEN)")
+                   help="file holding the bearer token (or env CACHEROUTE_AUTH_TOKEN): required on protected RPCs, "
+                        "sent on this service's telemetry calls")
     g.add_argument("--tls-cert", default=env("TLS_CERT") or None)
     g.add_argument("--tls-key", default=env("TLS_KEY") or None)
     g.add_argument("--tls-client-ca", default=env("TLS_CLIENT_CA") or None, help="require client certs (mTLS)")
@@ -161,22 +164,95 @@ def kv(**fields: Any) -> dict[str, Any]:
     return {"fields": fields}
 
 
-# ---------------------------------------------------------------- channels
+# ---------------------------------------------------------------- channels and background loops
 
-def channel_options(max_message_bytes: int = 8 * 1024 * 1024) -> list[tuple[str, Any]]:
-    return [
+# gRPC's own reconnect backoff starts at 1 s and grows to 120 s; a restarted replica must be
+# back in the dispatcher's (and planner's) health view within a second. (min, max) seconds.
+FAST_RECONNECT = (0.1, 0.5)
+
+
+def channel_options(max_message_bytes: int = 8 * 1024 * 1024, *,
+                    reconnect: tuple[float, float] | None = None) -> list[tuple[str, Any]]:
+    opts: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.enable_retries", 0),
     ]
+    if reconnect is not None:
+        low, high = (round(s * 1000) for s in reconnect)
+        opts += [("grpc.initial_reconnect_backoff_ms", low), ("grpc.min_reconnect_backoff_ms", low),
+                 ("grpc.max_reconnect_backoff_ms", high)]
+    return opts
 
 
-def aio_channel(target: str, tls: TLSFiles | None = None, max_message_bytes: int = 8 * 1024 * 1024) -> grpc.aio.Channel:
+def aio_channel(target: str, tls: TLSFiles | None = None, max_message_bytes: int = 8 * 1024 * 1024, *,
+                reconnect: tuple[float, float] | None = None) -> grpc.aio.Channel:
+    """A channel to `target` (TLS when `tls` has a CA or a cert); grpc reconnects it by itself,
+    with `reconnect` = (min, max) seconds between attempts instead of its 1..120 s default."""
     creds = tls.channel_credentials() if tls else None
-    opts = channel_options(max_message_bytes)
+    opts = channel_options(max_message_bytes, reconnect=reconnect)
     return grpc.aio.secure_channel(target, creds, opts) if creds else grpc.aio.insecure_channel(target, opts)
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    """Call metadata that presents `token` to a protected RPC (None without a token)."""
+    return (("authorization", f"Bearer {token}"),) if token else None
+
+
+class Backoff:
+    """Retry delays: `initial`, doubling after each failure, capped at `maximum`; `reset()` after
+    a success. With `rng` each delay d is drawn uniformly from [d/2, d], so peers that failed
+    together do not retry in lockstep."""
+
+    def __init__(self, initial: float, maximum: float, rng: random.Random | None = None) -> None:
+        if not 0 < initial <= maximum:
+            raise ValueError("Backoff needs 0 < initial <= maximum")
+        self.initial = initial
+        self.maximum = maximum
+        self._rng = rng
+        self._next = initial
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+    def __iter__(self) -> "Backoff":
+        return self
+
+    def __next__(self) -> float:
+        delay, self._next = self._next, min(self.maximum, self._next * 2)
+        return self._rng.uniform(delay / 2, delay) if self._rng else delay
+
+
+async def every(interval: float, step: Callable[[], Awaitable[object]],
+                stopping: Callable[[], bool] = lambda: False) -> None:
+    """Await `step()` every `interval` seconds, start to start (a slow step delays the next one,
+    never overlaps it), the first one `interval` from now; until cancelled or `stopping()`."""
+    loop = asyncio.get_running_loop()
+    due = loop.time() + interval
+    while not stopping():
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        due = loop.time() + interval
+        await step()
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task | None], timeout: float = 2.0) -> None:
+    """Cancel background tasks (None entries are skipped) and wait a bounded time. Loops that
+    call Redis also check a stop flag: on Python 3.11 a cancel that coincides with an
+    asyncio.timeout expiring (redis-py reads) can be swallowed, and stop must not hang on that.
+    A task that had died of an exception is logged (nobody else would see it)."""
+    live = [t for t in tasks if t is not None]
+    for task in live:
+        task.cancel()
+    if not live:
+        return
+    done, pending = await asyncio.wait(live, timeout=timeout)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task had failed", extra=kv(task=task.get_name()), exc_info=task.exception())
+    if pending:
+        log.warning("background tasks did not stop in time", extra=kv(tasks=[t.get_name() for t in pending]))
 
 
 # ---------------------------------------------------------------- interceptor

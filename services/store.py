@@ -43,7 +43,9 @@ already set it writes nothing and names them (the caller retries without those p
 sets the markers (EX ttl) and adds the counts summed over the parts, one HINCRBY per distinct
 key. A batch is a duplicate when every part was seen. Activation is one script: compare-and-set on the active
 version, the version must exist, the lease fencing token (when given) must be current, a
-pinned version blocks replacement, and an automatic activation is refused in flat mode.
+pinned version blocks replacement, and an automatic activation is refused in flat mode. Mode
+changes, pin and unpin take the same optional fencing token, checked in the same script as the
+write, so a deposed planner's automatic fallback cannot land after it lost the lease.
 """
 
 from __future__ import annotations
@@ -499,18 +501,21 @@ class Store(abc.ABC):
         """Activation records, newest first (at most HISTORY_MAX are kept)."""
 
     @abc.abstractmethod
-    async def set_mode(self, mode: Mode, *, reason: str, now: float) -> ControlState:
-        """Set planned / flat-fallback mode; published as a "mode" PlanEvent when it changes."""
+    async def set_mode(self, mode: Mode, *, reason: str, now: float,
+                       fencing_token: int | None = None) -> ControlState:
+        """Set planned / flat-fallback mode; published as a "mode" PlanEvent when it changes.
+        Fenced (nothing written) if `fencing_token` is given and is not the current lease's
+        token: the control loop passes its own, operator calls pass none."""
 
     @abc.abstractmethod
-    async def pin(self, version: int) -> ControlState:
+    async def pin(self, version: int, *, fencing_token: int | None = None) -> ControlState:
         """Pin a stored version (NotFound otherwise). It must be the active one:
         FailedPrecondition if not. The automatic loop never replaces a pinned version and
-        activations of any other version are refused until `unpin`."""
+        activations of any other version are refused until `unpin`. Fenced as `set_mode`."""
 
     @abc.abstractmethod
-    async def unpin(self) -> ControlState:
-        """Remove the pin (no-op without one)."""
+    async def unpin(self, *, fencing_token: int | None = None) -> ControlState:
+        """Remove the pin (no-op without one). Fenced as `set_mode`."""
 
     @abc.abstractmethod
     async def prune_plans(self, keep: int) -> int:
@@ -594,6 +599,15 @@ _REFUSALS = {
 
 def _refusal(status: str, version: int, current: int) -> Exception:
     return _REFUSALS[status](version, current)
+
+
+def _token_arg(fencing_token: int | None) -> str | int:
+    return "" if fencing_token is None else fencing_token
+
+
+def _raise_if_fenced(status: bytes) -> None:
+    if status == b"fenced":
+        raise _refusal("fenced", 0, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -695,7 +709,8 @@ return {'ok', current, version}
 """
 
 _SET_MODE_LUA = """
--- KEYS: mode, active, events.  ARGV: mode, reason, now
+-- KEYS: mode, active, events, lease.  ARGV: mode, reason, now, token ("" = none)
+if ARGV[4] ~= '' and redis.call('HGET', KEYS[4], 'token') ~= ARGV[4] then return 'fenced' end
 local old = redis.call('HGET', KEYS[1], 'mode') or 'planned'
 redis.call('HSET', KEYS[1], 'mode', ARGV[1], 'reason', ARGV[2], 'at', ARGV[3])
 if old ~= ARGV[1] then
@@ -703,14 +718,22 @@ if old ~= ARGV[1] then
   redis.call('PUBLISH', KEYS[3], cjson.encode({event = 'mode', active_version = active,
     mode = ARGV[1], at = tonumber(ARGV[3])}))
 end
-return 1
+return 'ok'
 """
 
 _PIN_LUA = """
--- KEYS: pinned, active, index.  ARGV: version
+-- KEYS: pinned, active, index, lease.  ARGV: version, token ("" = none)
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[4], 'token') ~= ARGV[2] then return 'fenced' end
 if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then return 'missing' end
 if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[1]) then return 'not_active' end
 redis.call('SET', KEYS[1], ARGV[1])
+return 'ok'
+"""
+
+_UNPIN_LUA = """
+-- KEYS: pinned, lease.  ARGV: token ("" = none)
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[2], 'token') ~= ARGV[1] then return 'fenced' end
+redis.call('DEL', KEYS[1])
 return 'ok'
 """
 
@@ -805,6 +828,7 @@ class RedisStore(Store):
         self._activate = r.register_script(_ACTIVATE_LUA)
         self._set_mode = r.register_script(_SET_MODE_LUA)
         self._pin = r.register_script(_PIN_LUA)
+        self._unpin = r.register_script(_UNPIN_LUA)
         self._prune = r.register_script(_PRUNE_LUA)
         self._acquire = r.register_script(_ACQUIRE_LUA)
         self._renew = r.register_script(_RENEW_LUA)
@@ -1019,18 +1043,22 @@ class RedisStore(Store):
             rows = await self._redis.lrange(self._p("history"), 0, max(0, limit) - 1) if limit > 0 else []
         return [_history_from_json(r) for r in rows]
 
-    async def set_mode(self, mode: Mode, *, reason: str, now: float) -> ControlState:
+    async def set_mode(self, mode: Mode, *, reason: str, now: float,
+                       fencing_token: int | None = None) -> ControlState:
         mode = Mode(mode)
         async with self._guard():
-            await self._set_mode(keys=[self._p("mode"), self._p("active"), self._p("events")],
-                                 args=[mode.value, reason, repr(float(now))])
+            keys = [self._p("mode"), self._p("active"), self._p("events"), self._p("lease")]
+            status = await self._set_mode(keys=keys, args=[mode.value, reason, repr(float(now)),
+                                                           _token_arg(fencing_token)])
+        _raise_if_fenced(status)
         return await self.get_control()
 
-    async def pin(self, version: int) -> ControlState:
+    async def pin(self, version: int, *, fencing_token: int | None = None) -> ControlState:
         _check_version(version)
         async with self._guard():
-            status = await self._pin(keys=[self._p("pinned"), self._p("active"), self._p("index")],
-                                     args=[version])
+            status = await self._pin(keys=[self._p("pinned"), self._p("active"), self._p("index"), self._p("lease")],
+                                     args=[version, _token_arg(fencing_token)])
+        _raise_if_fenced(status)
         status = status.decode()
         if status == "missing":
             raise NotFound(f"plan version {version} not found")
@@ -1038,9 +1066,10 @@ class RedisStore(Store):
             raise FailedPrecondition(f"version {version} is not the active version")
         return await self.get_control()
 
-    async def unpin(self) -> ControlState:
+    async def unpin(self, *, fencing_token: int | None = None) -> ControlState:
         async with self._guard():
-            await self._redis.delete(self._p("pinned"))
+            status = await self._unpin(keys=[self._p("pinned"), self._p("lease")], args=[_token_arg(fencing_token)])
+        _raise_if_fenced(status)
         return await self.get_control()
 
     async def prune_plans(self, keep: int) -> int:
@@ -1269,6 +1298,11 @@ class MemoryStore(Store):
             self._lease = None
         return self._lease
 
+    def _check_fence(self, fencing_token: int | None) -> None:
+        lease = self._lease_now()
+        if fencing_token is not None and (lease is None or lease[1] != fencing_token):
+            raise _refusal("fenced", 0, 0)
+
     def _publish(self, event: PlanEvent) -> None:
         for q in self._subscribers:
             if q.full():
@@ -1287,9 +1321,7 @@ class MemoryStore(Store):
                 raise _refusal("no_previous", version, current)
         if version not in self._plans:
             raise _refusal("missing", version, current)
-        lease = self._lease_now()
-        if fencing_token is not None and (lease is None or lease[1] != fencing_token):
-            raise _refusal("fenced", version, current)
+        self._check_fence(fencing_token)
         if self._pinned and self._pinned != version:
             raise _refusal("pinned", version, self._pinned)
         if automatic and self._mode[0] is Mode.FLAT:
@@ -1317,8 +1349,10 @@ class MemoryStore(Store):
         self._check()
         return self._history[:max(0, limit)]
 
-    async def set_mode(self, mode: Mode, *, reason: str, now: float) -> ControlState:
+    async def set_mode(self, mode: Mode, *, reason: str, now: float,
+                       fencing_token: int | None = None) -> ControlState:
         self._check()
+        self._check_fence(fencing_token)
         mode = Mode(mode)
         changed = mode is not self._mode[0]
         self._mode = (mode, reason, float(now))
@@ -1326,9 +1360,10 @@ class MemoryStore(Store):
             self._publish(PlanEvent("mode", self._active, mode, float(now)))
         return await self.get_control()
 
-    async def pin(self, version: int) -> ControlState:
+    async def pin(self, version: int, *, fencing_token: int | None = None) -> ControlState:
         self._check()
         _check_version(version)
+        self._check_fence(fencing_token)
         if version not in self._plans:
             raise NotFound(f"plan version {version} not found")
         if version != self._active:
@@ -1336,8 +1371,9 @@ class MemoryStore(Store):
         self._pinned = version
         return await self.get_control()
 
-    async def unpin(self) -> ControlState:
+    async def unpin(self, *, fencing_token: int | None = None) -> ControlState:
         self._check()
+        self._check_fence(fencing_token)
         self._pinned = 0
         return await self.get_control()
 

@@ -19,19 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.v1 import engine_pb2, engine_pb2_grpc
 from services.dispatcher.router import Router
-from services.rpc import TLSFiles, channel_options, kv
+from services.rpc import FAST_RECONNECT, TLSFiles, aio_channel, every, kv, stop_tasks
 
 log = logging.getLogger("cacheroute.dispatcher.monitor")
 SERVING = health_pb2.HealthCheckResponse.SERVING
-# gRPC's default reconnect backoff starts at 1 s; a restarted replica must be back sooner.
-RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-             ("grpc.max_reconnect_backoff_ms", 500)]
-
-
-def replica_channel(address: str, tls: TLSFiles | None) -> grpc.aio.Channel:
-    creds = tls.channel_credentials() if tls else None
-    opts = channel_options() + RECONNECT
-    return grpc.aio.secure_channel(address, creds, opts) if creds else grpc.aio.insecure_channel(address, opts)
 
 
 class ReplicaMonitor:
@@ -48,7 +39,7 @@ class ReplicaMonitor:
 
     def open(self) -> None:
         for replica in self.router.replicas:
-            channel = replica_channel(replica.address, self._tls)
+            channel = aio_channel(replica.address, self._tls, reconnect=FAST_RECONNECT)
             self.channels.append(channel)
             self.engines.append(engine_pb2_grpc.EngineStub(channel))
             self._health.append(health_pb2_grpc.HealthStub(channel))
@@ -57,26 +48,15 @@ class ReplicaMonitor:
         if not self.channels:
             self.open()
         await self.poll_once()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-monitor")
+        self._task = asyncio.get_running_loop().create_task(every(self.interval, self.poll_once),
+                                                            name="replica-monitor")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
         for channel in self.channels:
             await channel.close()
         self.channels.clear()
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            await self.poll_once()
-            await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(i) for i in range(len(self.router.replicas))))

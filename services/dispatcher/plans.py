@@ -21,7 +21,7 @@ from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services import codec
 from services.dispatcher.router import Router
 from services.errors import ServiceError
-from services.rpc import TLSFiles, aio_channel, kv
+from services.rpc import Backoff, TLSFiles, aio_channel, kv, stop_tasks
 from services.store import Mode, Store
 
 log = logging.getLogger("cacheroute.dispatcher.plans")
@@ -35,13 +35,11 @@ class PlanFeed:
         self.router = router
         self.planner = planner
         self.store = store
-        self.backoff_min = backoff_min
-        self.backoff_max = backoff_max
         self.watch_seconds = watch_seconds
         self.updates = 0
         self._tls = tls
         self._max_message_bytes = max_message_bytes
-        self._rng = random.Random(seed)
+        self._backoff = Backoff(backoff_min, backoff_max, random.Random(seed))
         self._first = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
         self._task: asyncio.Task | None = None
@@ -57,28 +55,20 @@ class PlanFeed:
             log.warning("no plan source answered yet", extra=kv(planner=self.planner, wait=wait))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
 
     async def _run(self) -> None:
-        failures = 0
         while True:
             if self._channel is not None and await self._watch():
-                failures = 0
+                self._backoff.reset()
                 continue
             await self._read_store()
             self._first.set()           # the first attempt is over, whatever it found
-            delay = min(self.backoff_max, self.backoff_min * 2 ** failures)
-            failures = min(failures + 1, 30)
-            await asyncio.sleep(self._rng.uniform(delay / 2, delay))
+            await asyncio.sleep(next(self._backoff))
 
     async def _watch(self) -> bool:
         """Follow the planner until the stream ends. True if it delivered at least one update."""

@@ -3,7 +3,8 @@
 `Router.route` appends (key, time, prompt tokens, prefix tokens) to a bounded buffer
 (full: the arrival is dropped and counted). Every `interval` seconds this task drains the
 buffer and sends it as ArrivalBatch messages of at most `batch_size` arrivals on one
-client-streaming ReportArrivals call with a deadline. Batch ids are dispatcher id, boot
+client-streaming ReportArrivals call with a deadline, presenting the deployment's bearer
+token when one is configured (the collector requires it then). Batch ids are dispatcher id, boot
 nonce and a sequence number, so the collector ignores a replay. When the collector is
 down or slow the drained arrivals are dropped and counted; routing never waits on this.
 """
@@ -18,14 +19,15 @@ import grpc
 
 from cacheroute.v1 import collector_pb2, collector_pb2_grpc
 from services.dispatcher.router import Router
-from services.rpc import TLSFiles, aio_channel, kv
+from services.rpc import TLSFiles, aio_channel, bearer_metadata, every, kv, stop_tasks
 
 log = logging.getLogger("cacheroute.dispatcher.telemetry")
 
 
 class ArrivalReporter:
     def __init__(self, router: Router, collector: str, source: str, *, interval: float = 0.5,
-                 batch_size: int = 5000, timeout: float = 2.0, tls: TLSFiles | None = None) -> None:
+                 batch_size: int = 5000, timeout: float = 2.0, tls: TLSFiles | None = None,
+                 token: str | None = None) -> None:
         self.router = router
         self.collector = collector
         self.source = source
@@ -35,6 +37,7 @@ class ArrivalReporter:
         self.sent_arrivals = 0
         self.sent_batches = 0
         self._tls = tls
+        self._metadata = bearer_metadata(token)
         self._boot = uuid.uuid4().hex[:12]
         self._seq = 0
         self._channel: grpc.aio.Channel | None = None
@@ -42,26 +45,17 @@ class ArrivalReporter:
 
     def start(self) -> None:
         self._channel = aio_channel(self.collector, self._tls)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="arrival-reporter")
+        self._task = asyncio.get_running_loop().create_task(every(self.interval, self.flush),
+                                                            name="arrival-reporter")
 
     async def stop(self, flush: bool = True) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
         if flush and self._channel is not None:
             await self.flush()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            await self.flush()
 
     def _batches(self, arrivals: list[tuple[str, float, int, int]]) -> list[collector_pb2.ArrivalBatch]:
         out = []
@@ -83,7 +77,7 @@ class ArrivalReporter:
         assert self._channel is not None
         stub = collector_pb2_grpc.CollectorStub(self._channel)
         try:
-            await stub.ReportArrivals(iter(batches), timeout=self.timeout)
+            await stub.ReportArrivals(iter(batches), timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as err:
             self.router.telemetry_dropped += len(arrivals)
             log.warning("arrivals dropped", extra=kv(collector=self.collector, code=err.code().name,

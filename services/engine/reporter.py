@@ -2,7 +2,8 @@
 
 Every `interval` seconds the reporter takes the model's cumulative counters, sends the
 difference from the previous report as one CacheStatsBatch (batch id = replica id, boot
-nonce and sequence number, so the collector can drop a replayed batch), and moves on.
+nonce and sequence number, so the collector can drop a replayed batch), with the
+deployment's bearer token when one is configured (the collector requires it then), and moves on.
 When the collector is down or slow the batch is dropped and counted: the counters are
 aggregates, so a lost delta only costs the planner a little precision.
 """
@@ -18,7 +19,7 @@ import grpc
 
 from cacheroute.v1 import collector_pb2, collector_pb2_grpc
 from services.core.engine import EngineModel
-from services.rpc import TLSFiles, aio_channel, kv
+from services.rpc import TLSFiles, aio_channel, bearer_metadata, every, kv, stop_tasks
 
 log = logging.getLogger("cacheroute.engine.reporter")
 
@@ -40,7 +41,7 @@ class Counters:
 
 class CacheStatsReporter:
     def __init__(self, model: EngineModel, replica_id: str, collector: str, *, interval: float = 1.0,
-                 timeout: float = 2.0, tls: TLSFiles | None = None) -> None:
+                 timeout: float = 2.0, tls: TLSFiles | None = None, token: str | None = None) -> None:
         self.model = model
         self.replica_id = replica_id
         self.collector = collector
@@ -49,6 +50,7 @@ class CacheStatsReporter:
         self.sent_batches = 0
         self.dropped_batches = 0
         self._tls = tls
+        self._metadata = bearer_metadata(token)
         self._boot = uuid.uuid4().hex[:12]
         self._seq = 0
         self._last = Counters.of(model)
@@ -57,24 +59,15 @@ class CacheStatsReporter:
 
     def start(self) -> None:
         self._channel = aio_channel(self.collector, self._tls)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="cache-stats-reporter")
+        self._task = asyncio.get_running_loop().create_task(every(self.interval, self.report_once),
+                                                            name="cache-stats-reporter")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            await self.report_once()
 
     async def report_once(self) -> bool:
         """Send the delta since the last report (if any). True if the collector took it."""
@@ -91,7 +84,7 @@ class CacheStatsReporter:
         assert self._channel is not None
         stub = collector_pb2_grpc.CollectorStub(self._channel)
         try:
-            await stub.ReportCacheStats(iter([batch]), timeout=self.timeout)
+            await stub.ReportCacheStats(iter([batch]), timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as err:
             self.dropped_batches += 1
             log.warning("cache stats dropped", extra=kv(collector=self.collector, code=err.code().name,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from services.core.engine import EngineModel, StepResult
 from services.core.request import Request
 from services.errors import ResourceExhausted
+from services.rpc import stop_tasks
 
 
 @dataclass(slots=True)
@@ -74,13 +75,8 @@ class EngineRunner:
         self._task = loop.create_task(self._drive(), name="engine-driver")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
 
     # ------------------------------------------------------------ requests
 

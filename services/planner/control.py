@@ -6,8 +6,9 @@ active plan as parent), asks `services.core.switching.decide_switch` whether the
 gain outweighs its re-warm cost (SPEC section 2), stores the candidate with that decision
 recorded on it, and activates it when the decision says switch: a compare-and-set on the
 version it read, fenced by its lease token, refused by the store when a version is pinned or
-the mode is flat. A standby planner keeps trying to take the lease and takes over when it
-expires; a deposed leader's activations are refused by the fencing check.
+the mode is flat. Its automatic mode changes (the gate's fallback and return) carry the same
+token. A standby planner keeps trying to take the lease and takes over when it expires; a
+deposed leader's activations and mode changes are refused by the fencing check.
 
 With a shadow gate (services/planner/gate.py) every candidate is also replayed against
 Flat-LB before it may go live, its report stored on the version, and the mode falls back to flat
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from services.core.plan import Plan, SwitchDecision
 from services.core.planning import build_plan, with_churn
 from services.errors import FailedPrecondition, Unavailable
-from services.rpc import kv
+from services.rpc import kv, stop_tasks
 from services.store import ControlState, Fenced, FlatMode, Mode, Pinned, RatesSnapshot, StaleVersion, Store
 
 if TYPE_CHECKING:
@@ -46,18 +47,6 @@ except ImportError:  # pragma: no cover
     _switching = None
 
 log = logging.getLogger("cacheroute.planner")
-
-
-async def stop_tasks(tasks: list[asyncio.Task], timeout: float = 2.0) -> None:
-    """Cancel background tasks and wait a bounded time. Loops also check a stop flag: on
-    Python 3.11 a cancel that coincides with an asyncio.timeout expiring (redis-py reads) can
-    be swallowed, and stop must not hang on that."""
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        if pending:
-            log.warning("background tasks did not stop in time", extra=kv(tasks=[t.get_name() for t in pending]))
 
 
 def incremental_available() -> bool:
@@ -291,14 +280,18 @@ class ControlLoop:
             plan, verdict = await self.gate_candidate(plan, state, active, now)
         await store.put_plan(plan)
         if verdict is not None and verdict.mode == Mode.FLAT:
-            await store.set_mode(Mode.FLAT, reason=verdict.reason, now=now)
-            outcome = f"fallback: v{plan.version} stored, mode flat, {verdict.reason}"
+            if await self.change_mode(Mode.FLAT, verdict.reason, token, now):
+                outcome = f"fallback: v{plan.version} stored, mode flat, {verdict.reason}"
+            else:
+                outcome = f"refused: deposed, v{plan.version} stored, mode not changed"
         else:
             returning = verdict is not None and verdict.mode == Mode.PLANNED
             outcome = await self.apply_decision(plan, state.active_version, token, now, automatic=not returning)
             if returning and outcome.startswith("switched"):
-                await store.set_mode(Mode.PLANNED, reason=verdict.reason, now=now)
-                outcome = f"returned: v{plan.version} active, mode planned, {verdict.reason}"
+                if await self.change_mode(Mode.PLANNED, verdict.reason, token, now):
+                    outcome = f"returned: v{plan.version} active, mode planned, {verdict.reason}"
+                else:
+                    outcome = f"refused: deposed after activating v{plan.version}, mode not changed"
         self.counters.decision(outcome.split(":", 1)[0])
         if cfg.keep_versions > 0:
             await store.prune_plans(cfg.keep_versions)
@@ -329,6 +322,16 @@ class ControlLoop:
                                          observed_p99=observed.ttft_p99 if observed else None,
                                          check=check[1] if check else None))
         return dataclasses.replace(plan, shadow=report, decision=decision), verdict
+
+    async def change_mode(self, mode: Mode, reason: str, token: int | None, now: float) -> bool:
+        """The loop's own fallback or return, fenced by `token` like its activations (operator
+        SetMode calls are not fenced). False if this planner was deposed: nothing written."""
+        try:
+            await self.store.set_mode(mode, reason=reason, now=now, fencing_token=token)
+        except Fenced:
+            self._set_token(None)
+            return False
+        return True
 
     async def apply_decision(self, plan: Plan, expected: int, token: int | None, now: float, *,
                              automatic: bool = True) -> str:

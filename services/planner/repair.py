@@ -31,13 +31,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.core.replan import repair_plan
 from services.errors import FailedPrecondition, Unavailable
-from services.rpc import TLSFiles, kv
+from services.rpc import FAST_RECONNECT, TLSFiles, aio_channel, every, kv, stop_tasks
 from services.store import Fenced, Mode, Store
 
 log = logging.getLogger("cacheroute.planner.repair")
 SERVING = health_pb2.HealthCheckResponse.SERVING
-RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-             ("grpc.max_reconnect_backoff_ms", 500)]
 
 
 class ReplicaHealth:
@@ -58,32 +56,23 @@ class ReplicaHealth:
 
     def open(self) -> None:
         for rid, address in self.addresses.items():
-            creds = self._tls.channel_credentials() if self._tls else None
-            channel = (grpc.aio.secure_channel(address, creds, RECONNECT) if creds
-                       else grpc.aio.insecure_channel(address, RECONNECT))
+            channel = aio_channel(address, self._tls, reconnect=FAST_RECONNECT)
             self._channels.append(channel)
             self._stubs[rid] = health_pb2_grpc.HealthStub(channel)
 
     async def start(self) -> None:
         self.open()
         await self.poll_once()
-        self._task = asyncio.create_task(self._run(), name="planner-health")
+        self._task = asyncio.create_task(every(self.interval, self.poll_once, lambda: self._stopping),
+                                         name="planner-health")
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task], timeout=2)
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
-
-    async def _run(self) -> None:
-        while not self._stopping:
-            started = time.monotonic()
-            await self.poll_once()
-            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._check(rid) for rid in self._stubs))
@@ -172,10 +161,8 @@ class Repairer:
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task], timeout=2)
-            self._task = None
+        await stop_tasks([self._task])
+        self._task = None
 
     async def _run(self) -> None:
         while not self._stopping:

@@ -15,8 +15,7 @@ import logging
 from typing import AsyncIterator
 
 from services.errors import Unavailable
-from services.planner.control import stop_tasks
-from services.rpc import kv
+from services.rpc import Backoff, kv, stop_tasks
 from services.store import ControlState, Store
 
 log = logging.getLogger("cacheroute.planner")
@@ -58,19 +57,18 @@ class WatchHub:
             queue.put_nowait((state, event))
 
     async def _run(self) -> None:
-        backoff = self.poll_seconds
+        backoff = Backoff(self.poll_seconds, max(self.poll_seconds, 5.0))
         while not self._stopping:
             try:
                 async with self.store.subscribe() as sub:
                     await self.refresh(None)
-                    backoff = self.poll_seconds
+                    backoff.reset()
                     while not self._stopping:
                         event = await sub.get(timeout=self.poll_seconds)
                         await self.refresh(event.event if event else None)
             except Unavailable as exc:
                 log.warning("watch: store unavailable", extra=kv(error=str(exc)))
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await asyncio.sleep(next(backoff))
 
     async def refresh(self, event: str | None) -> None:
         """Re-read the control state; push it if the active version or mode changed."""
