@@ -9,6 +9,9 @@ Environment variables (flags override them):
   CACHEROUTE_COLLECTOR_QUEUE (64)                  batches queued between streams and Redis writers
   CACHEROUTE_COLLECTOR_WRITERS (2)                 concurrent Redis writers
   CACHEROUTE_COLLECTOR_COALESCE (16)               queued batches merged into one round trip
+With a bearer token configured (CACHEROUTE_AUTH_TOKEN / --auth-token-file) the telemetry
+writes, ReportArrivals and ReportCacheStats, require it; GetRates stays open. Dispatchers and
+engines configured with the same token send it.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from services.store import (
 
 log = logging.getLogger("cacheroute.collector")
 SERVICE = "cacheroute.v1.Collector"
+PROTECTED = frozenset({"ReportArrivals", "ReportCacheStats"})   # with a token: forged telemetry skews plans
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ class CollectorService:
                                      clock=self.config.clock)
         self.running = await start_server(self.config.server,
                                           [(collector_pb2_grpc.add_CollectorServicer_to_server, servicer)],
-                                          [SERVICE], metrics=self.metrics)
+                                          [SERVICE], protected_methods=PROTECTED, metrics=self.metrics)
         log.info("collector ready", extra=kv(bucket_seconds=self.config.telemetry.bucket_seconds,
                                              retention_seconds=self.config.telemetry.retention_seconds))
         return self

@@ -117,7 +117,8 @@ class DispatcherService:
         self.feed = PlanFeed(self.router, planner=config.planner, store=self.store, tls=tls,
                              backoff_max=config.plan_backoff_max, seed=config.seed)
         self.reporter = (ArrivalReporter(self.router, config.collector, config.dispatcher_id,
-                                         interval=config.telemetry_interval, tls=tls)
+                                         interval=config.telemetry_interval, tls=tls,
+                                         token=config.server.auth_token)
                          if config.collector else None)
         self.running: RunningServer | None = None
 

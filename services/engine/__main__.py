@@ -62,7 +62,8 @@ class EngineService:
         self.model = EngineModel(profile, config.kv_blocks)
         self.runner = EngineRunner(self.model, time_scale=config.time_scale, max_requests=config.max_requests)
         self.reporter = (CacheStatsReporter(self.model, config.replica_id, config.collector,
-                                            interval=config.report_interval, tls=config.server.tls)
+                                            interval=config.report_interval, tls=config.server.tls,
+                                            token=config.server.auth_token)
                          if config.collector else None)
         self.running: RunningServer | None = None
 

@@ -1,4 +1,5 @@
-"""Security controls on real servers: bearer token on the planner's control RPCs, TLS and
+"""Security controls on real servers: bearer token on the planner's control RPCs and the
+collector's telemetry writes (sent by dispatchers and engines), TLS and
 mutual TLS on every service (and on every channel the dispatcher and engine open), Redis
 AUTH and TLS taken from the URL, secrets never logged, explicit deadlines on proxied
 streams. Certificates are made at test time with the openssl CLI and never committed."""
@@ -6,6 +7,7 @@ streams. Certificates are made at test time with the openssl CLI and never commi
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import time
@@ -16,7 +18,7 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cacheroute.v1 import common_pb2, engine_pb2, planner_pb2, planner_pb2_grpc
+from cacheroute.v1 import collector_pb2, collector_pb2_grpc, common_pb2, engine_pb2, planner_pb2, planner_pb2_grpc
 from clients import AsyncCacheRouteClient
 from services.collector.__main__ import CollectorConfig, CollectorService
 from services.dispatcher.__main__ import DispatcherConfig, DispatcherService
@@ -142,6 +144,110 @@ def test_every_control_rpc_needs_the_token_on_the_real_planner(redis_url):
             assert out[method, label] == ("PERMISSION_DENIED", "invalid bearer token"), (method, label)
     assert out["after"] == out["before"]                         # a refused call stores nothing
     assert out["open"] == 1 and out["with_token"] == common_pb2.MODE_FLAT
+
+
+def test_collector_refuses_unauthenticated_telemetry_writes(redis_url):
+    """With a token the collector's writes are protected (forged arrivals would skew the planner's
+    rates); a refused stream stores nothing; GetRates stays open."""
+    now = time.time()
+
+    def arrivals(batch_id: str):
+        return iter([collector_pb2.ArrivalBatch(batch_id=batch_id, source="x", arrivals=[
+            collector_pb2.Arrival(key="forged", time=now, prompt_tokens=100, prefix_tokens=50)])])
+
+    def stats(batch_id: str):
+        return iter([collector_pb2.CacheStatsBatch(batch_id=batch_id, source="x", stats=[
+            collector_pb2.CacheStat(replica_id="e9", prompt_tokens=100, cached_tokens=90, requests=1)])])
+
+    async def scenario():
+        collector = await CollectorService(CollectorConfig(
+            server=ServerConfig(name="collector", port=0, auth_token=TOKEN), redis_url=redis_url,
+            telemetry=TELEMETRY, window_seconds=30)).start()
+        out = {}
+        try:
+            before = redis_state(redis_url)
+            async with grpc.aio.insecure_channel(collector.address) as ch:
+                stub = collector_pb2_grpc.CollectorStub(ch)
+                for label, metadata in (("none", None), ("wrong", [("authorization", "Bearer nope")]),
+                                        ("basic", [("authorization", f"Basic {TOKEN}")])):
+                    for method, batches in (("ReportArrivals", arrivals), ("ReportCacheStats", stats)):
+                        try:
+                            await getattr(stub, method)(batches(f"{method}-{label}"), metadata=metadata, timeout=5)
+                            out[method, label] = ("OK", "")
+                        except grpc.aio.AioRpcError as err:
+                            out[method, label] = (err.code().name, err.details())
+                out["after"] = redis_state(redis_url)
+                out["before"] = before
+                out["rates_open"] = (await stub.GetRates(collector_pb2.GetRatesRequest(), timeout=5)).total_arrivals
+                good = [("authorization", f"Bearer {TOKEN}")]
+                out["with_token"] = (await stub.ReportArrivals(arrivals("good"), metadata=good, timeout=5)).accepted
+        finally:
+            await collector.stop(0)
+        return out
+
+    out = asyncio.run(scenario())
+    for method in ("ReportArrivals", "ReportCacheStats"):
+        assert out[method, "none"] == ("UNAUTHENTICATED", "missing bearer token")
+        assert out[method, "wrong"] == out[method, "basic"] == ("PERMISSION_DENIED", "invalid bearer token")
+    assert out["after"] == out["before"]                          # nothing reached Redis
+    assert out["rates_open"] == 0 and out["with_token"] == 1
+
+
+def test_dispatcher_and_engine_with_the_token_get_their_telemetry_counted(redis_url, caplog):
+    """One token per deployment: the dispatcher's arrivals and the engine's cache stats reach a
+    collector that requires it; a dispatcher started without it has its arrivals refused (logged
+    and counted as dropped). The token appears in no log record."""
+    caplog.set_level(logging.DEBUG)
+
+    async def scenario():
+        def server(name: str, token: str | None = TOKEN) -> ServerConfig:
+            return ServerConfig(name=name, port=0, metrics_port=-1, auth_token=token)
+        collector = await CollectorService(CollectorConfig(server=server("collector"), redis_url=redis_url,
+                                                           telemetry=TELEMETRY, window_seconds=30)).start()
+        engine = await EngineService(EngineConfig(server=server("engine"), replica_id="e0", time_scale=0.01,
+                                                  collector=collector.address, report_interval=0.1)).start()
+        replicas = parse_replicas(f"e0={engine.address}")
+        dispatchers = {token_label: await DispatcherService(DispatcherConfig(
+            server=server(f"dispatcher-{token_label}", token), replicas=replicas, collector=collector.address,
+            dispatcher_id=f"d-{token_label}", telemetry_interval=0.1, poll_interval=0.1, seed=1)).start()
+            for token_label, token in (("token", TOKEN), ("none", None))}
+        store = RedisStore(redis_url, telemetry=TELEMETRY)
+        out = {}
+        try:
+            async with AsyncCacheRouteClient(dispatchers["token"].address) as client:
+                for key in ("a", "b", "c"):
+                    await client.route(key)
+                out["chunks"] = [c async for c in client.generate("counted", max_tokens=2, timeout=10)]
+            async with AsyncCacheRouteClient(dispatchers["none"].address) as client:
+                for key in ("x", "y"):
+                    await client.route(key)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                snap = await store.window_rates(time.time(), 30)
+                totals = await store.cache_totals()
+                if snap.total_arrivals >= 4 and "e0" in totals and dispatchers["none"].router.telemetry_dropped >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            out["keys"], out["totals"] = set(snap.keys), totals
+            out["dropped"] = {label: d.router.telemetry_dropped for label, d in dispatchers.items()}
+            out["reporter"] = (engine.reporter.sent_batches, engine.reporter.dropped_batches)
+        finally:
+            await store.close()
+            for d in dispatchers.values():
+                await d.stop(0)
+            await engine.stop(0)
+            await collector.stop(0)
+        return out
+
+    out = asyncio.run(scenario())
+    assert out["chunks"][-1].finished
+    assert {"a", "b", "c"} <= out["keys"] and len(out["keys"]) == 4      # + the prompt's key; no x, y
+    assert out["dropped"] == {"token": 0, "none": 2}                # the token-less dispatcher was refused
+    assert "e0" in out["totals"] and out["totals"]["e0"].requests == 1
+    assert out["reporter"][0] >= 1 and out["reporter"][1] == 0
+    dropped = [r for r in caplog.records if r.getMessage() == "arrivals dropped"]
+    assert dropped and {r.fields["code"] for r in dropped} == {"UNAUTHENTICATED"}
+    assert not any(TOKEN in f"{r.getMessage()} {getattr(r, 'fields', '')}" for r in caplog.records)
 
 
 # ------------------------------------------------------------------ TLS and mTLS on every service
