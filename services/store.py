@@ -19,6 +19,8 @@ script or transaction touches keys of one slot):
     P:{tb:IDX}:log          list  JSON [key, time, prompt_tokens, prefix_tokens], newest
                                   `log_per_bucket` kept (aggregates only, never content)
     P:{tb:IDX}:seen:BATCH   string  idempotency marker of the batch's part in this bucket
+    P:{tb:IDX}:v            string  random token replaced by every write to the bucket (window
+                                  readers re-read a bucket only when it changed)
   cache counters, one slot:
     P:{cache}:b:IDX         hash  "replica|p|c|r" fields: prompt, cached tokens, requests
     P:{cache}:total         hash  the same fields, since the start (bounded by replicas)
@@ -58,12 +60,14 @@ import enum
 import hashlib
 import math
 import operator
+import os
 import time
 import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Iterable, NamedTuple, Sequence
 
+import numpy as np
 import orjson
 
 from services.core.plan import Plan
@@ -615,18 +619,20 @@ def _raise_if_fenced(status: bytes) -> None:
 
 _ARRIVALS_LUA = """
 -- One bucket's share of several batches, all or nothing.
--- KEYS: n, pt, xt, gaps, log, then the seen marker of every deduplicated batch part.
+-- KEYS: n, pt, xt, gaps, log, v, then the seen marker of every deduplicated batch part.
 -- ARGV: ttl, gap_cap, log_cap, counts (JSON array: key, n, prompt, prefix, ... as strings,
--- summed over the parts), gaps and log records (each newline-separated, only the newest cap).
+-- summed over the parts), gaps and log records (each newline-separated, only the newest cap),
+-- a fresh random token for v.
 -- Returns {} when written, else the 1-based positions of the markers already set (nothing
 -- written; the caller retries without those parts).
 local ttl = tonumber(ARGV[1])
 local seen = {}
-for k = 6, #KEYS do
-  if redis.call('EXISTS', KEYS[k]) == 1 then seen[#seen + 1] = k - 5 end
+for k = 7, #KEYS do
+  if redis.call('EXISTS', KEYS[k]) == 1 then seen[#seen + 1] = k - 6 end
 end
 if #seen > 0 then return seen end
-for k = 6, #KEYS do redis.call('SET', KEYS[k], '1', 'EX', ttl) end
+for k = 7, #KEYS do redis.call('SET', KEYS[k], '1', 'EX', ttl) end
+redis.call('SET', KEYS[6], ARGV[7], 'EX', ttl)
 local c = cjson.decode(ARGV[4])
 for i = 1, #c, 4 do
   redis.call('HINCRBY', KEYS[1], c[i], c[i + 1])
@@ -794,6 +800,65 @@ return 1
 """
 
 
+class _BucketCache:
+    """Per-bucket (n, pt, xt) columns as numpy arrays over one growing key index, tagged with
+    the bucket's write token. Summing a window is one fancy-index add per bucket; the Python
+    work per hash field is two C-level maps (key -> index, bytes -> int)."""
+
+    LIMIT = 2**56    # columns above this fall back to Python ints (int64 must not overflow)
+    GROWTH, SLACK = 4, 1024    # compact the key index beyond GROWTH x cached entries + SLACK
+
+    def __init__(self) -> None:
+        self.index: dict[bytes, int] = {}
+        self.buckets: dict[int, tuple[bytes | None, np.ndarray, np.ndarray]] = {}   # idx -> token, ids, (m, 3)
+
+    def fresh(self, idx: int, token: bytes) -> bool:
+        entry = self.buckets.get(idx)
+        return entry is not None and entry[0] == token
+
+    def put(self, idx: int, token: bytes | None, n: dict, pt: dict, xt: dict) -> None:
+        keys = list(n)
+        if list(pt) == keys and list(xt) == keys:   # written together, so normally aligned
+            cols = [n.values(), pt.values(), xt.values()]
+        else:
+            keys = list(dict.fromkeys([*n, *pt, *xt]))
+            cols = [[h.get(k, 0) for k in keys] for h in (n, pt, xt)]
+        ints = [list(map(int, c)) for c in cols]
+        big = any(c and max(c) >= self.LIMIT for c in ints)
+        index = self.index
+        for k in [k for k in keys if k not in index]:
+            index[k] = len(index)
+        ids = np.fromiter(map(index.__getitem__, keys), dtype=np.int64, count=len(keys))
+        values = np.array(ints, dtype=object if big else np.int64).T.reshape(len(keys), 3)
+        self.buckets[idx] = (token, ids, values)
+
+    def totals(self, idxs: range) -> dict[str, tuple[int, int, int]]:
+        """Sums over the window's buckets; buckets outside it are dropped (one process reads
+        one window, the planner's)."""
+        for old in [i for i in self.buckets if i not in idxs]:
+            del self.buckets[old]
+        live = [self.buckets[i] for i in idxs if i in self.buckets]
+        if len(self.index) > self.GROWTH * sum(len(ids) for _, ids, _ in live) + self.SLACK:
+            self._compact()
+            live = [self.buckets[i] for i in idxs if i in self.buckets]
+        big = any(values.dtype == object for _, _, values in live)
+        acc = np.zeros((len(self.index), 3), dtype=object if big else np.int64)
+        for _, ids, values in live:
+            acc[ids] += values          # ids are distinct within a bucket
+        keys = list(self.index)
+        hit = np.flatnonzero(acc[:, 0] > 0)
+        return {keys[i].decode(): row for i, row in zip(hit.tolist(), map(tuple, acc[hit].tolist()))}
+
+    def _compact(self) -> None:
+        """Drop keys no cached bucket holds (keys churn; the index must not grow forever)."""
+        keys = list(self.index)
+        used = sorted({int(i) for _, ids, _ in self.buckets.values() for i in ids.tolist()})
+        remap = np.full(len(keys), -1, dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        self.index = {keys[i]: j for j, i in enumerate(used)}
+        self.buckets = {b: (t, remap[ids], v) for b, (t, ids, v) in self.buckets.items()}
+
+
 def _ms(seconds: float) -> int:
     if not (seconds > 0 and math.isfinite(seconds)):
         raise InvalidArgument("lease ttl must be a positive number of seconds")
@@ -834,6 +899,7 @@ class RedisStore(Store):
         self._renew = r.register_script(_RENEW_LUA)
         self._next_version = r.register_script(_NEXT_VERSION_LUA)
         self._seen_version = 0   # highest version seen in the store (reset detection, no reuse)
+        self._windows = _BucketCache()
 
     # ---- keys
 
@@ -895,10 +961,10 @@ class RedisStore(Store):
             flat += (key, str(n), str(pt), str(xt))
         gaps = _newest((part.gaps for _, _, part in parts), cfg.gaps_per_bucket)
         rows = _newest((part.rows for _, _, part in parts), cfg.log_per_bucket)
-        keys = [self._tb(idx, h) for h in ("n", "pt", "xt", "gaps", "log")]
+        keys = [self._tb(idx, h) for h in ("n", "pt", "xt", "gaps", "log", "v")]
         keys += [self._tb(idx, f"seen:{batch_id}") for _, batch_id, _ in parts if batch_id]
         args = [cfg.ttl, cfg.gaps_per_bucket, cfg.log_per_bucket, orjson.dumps(flat),
-                "\n".join(map(repr, gaps)), log_blob(rows)]
+                "\n".join(map(repr, gaps)), log_blob(rows), os.urandom(9).hex()]
         return keys, args
 
     async def record_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *, now: float) -> bool:
@@ -918,19 +984,23 @@ class RedisStore(Store):
             return await pipe.execute()
 
     async def window_rates(self, now: float, window_seconds: float) -> RatesSnapshot:
+        # Buckets whose token is unchanged since the last read come from the cache. The token
+        # is read before the hashes in one pipeline, so a write racing the read can only make
+        # the cached token older than the content (one extra re-read later), never newer.
         first, last, start = _window_buckets(now, window_seconds, self.telemetry)
-        names = [self._tb(i, h) for i in range(first, last + 1) for h in ("n", "pt", "xt")]
-        rows = await self._hashes(names)
-        totals: dict[str, list[int]] = {}
-        for j, row in enumerate(rows):
-            col = j % 3
-            for k, v in row.items():
-                key = k.decode()
-                acc = totals.get(key)
-                if acc is None:
-                    acc = totals[key] = [0, 0, 0]
-                acc[col] += int(v)
-        return _snapshot(first, last, start, now, totals)
+        idxs = range(first, last + 1)
+        cache = self._windows
+        async with self._guard():
+            tokens = await self._redis.mget([self._tb(i, "v") for i in idxs])
+            stale = [(i, t) for i, t in zip(idxs, tokens) if t is None or not cache.fresh(i, t)]
+            pipe = self._redis.pipeline(transaction=False)
+            for i, _ in stale:
+                for h in ("n", "pt", "xt"):
+                    pipe.hgetall(self._tb(i, h))
+            rows = await pipe.execute() if stale else []
+        for j, (i, token) in enumerate(stale):
+            cache.put(i, token, *rows[3 * j:3 * j + 3])
+        return _snapshot(first, last, start, now, cache.totals(idxs))
 
     async def cache_stats(self, now: float, window_seconds: float) -> dict[str, CacheCounters]:
         first, last, _ = _window_buckets(now, window_seconds, self.telemetry)

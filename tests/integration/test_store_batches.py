@@ -78,3 +78,44 @@ def test_log_encoding_matches_one_record_at_a_time():
         assert log_lines(chunk) == [orjson.dumps(list(r)) for r in chunk]
         assert log_blob(chunk).split(b"\n") == log_lines(chunk)
     assert log_lines([ArrivalRecord("k", 2.5, 1, 0)]) == [b'["k",2.5,1,0]'] and log_blob([]) == b""
+
+
+write = st.tuples(st.just("w"), st.lists(arrival, min_size=1, max_size=6), st.sampled_from(["", "x", "y"]))
+read = st.tuples(st.just("r"), st.integers(0, 40), st.sampled_from([10.0, 25.0, 40.0]))
+flush = st.just(("f",))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.one_of(write, write, read, read, flush), min_size=1, max_size=14), compact=st.booleans())
+def test_cached_window_reads_follow_every_write(redis_url, ops, compact, monkeypatch):
+    """A long-lived RedisStore (bucket cache on) reads what a MemoryStore reads after any mix
+    of writes (late ones into already-read buckets included), reads and data loss."""
+    from services import store as store_mod
+
+    if compact:   # compact the key index on every read
+        monkeypatch.setattr(store_mod._BucketCache, "GROWTH", 0)
+        monkeypatch.setattr(store_mod._BucketCache, "SLACK", 0)
+    prefix = f"c{next(_prefixes)}"
+
+    async def scenario():
+        redis_store = RedisStore(redis_url, telemetry=CFG, prefix=prefix)
+        memory = MemoryStore(CFG)
+        try:
+            for op in ops:
+                if op[0] == "w":
+                    _, arrivals, bid = op
+                    assert await redis_store.record_arrivals(bid, arrivals) == await memory.record_arrivals(bid, arrivals)
+                elif op[0] == "r":
+                    _, dt, window = op
+                    got = await redis_store.window_rates(T0 + dt, window)
+                    want = await memory.window_rates(T0 + dt, window)
+                    assert (got.keys, got.rates, got.mean_prompt_tokens, got.snapshot_id) == \
+                           (want.keys, want.rates, want.mean_prompt_tokens, want.snapshot_id)
+                else:   # the store loses its data (Redis restarted without persistence)
+                    async for key in redis_store._redis.scan_iter(f"{prefix}:*"):
+                        await redis_store._redis.delete(key)
+                    memory = MemoryStore(CFG)
+        finally:
+            await redis_store.close()
+
+    asyncio.run(scenario())
