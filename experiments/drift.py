@@ -39,6 +39,7 @@ from services.core.planning import build_plan
 from services.core.replan import replan_incremental
 from services.core.switching import SwitchConfig, decide_switch
 from services.core.policies import make_policy
+from services.core.policies.cacheroute import BALANCE_FACTOR
 from services.core.workloads import Workload, make_workload
 from services.sim import calibrate
 from services.sim.simulator import SimConfig, SimResult, Simulator
@@ -135,6 +136,7 @@ class DriftSetup:
     bin_seconds: float = 5.0
     probe: float = 10.0
     first_plan_at: float = 5.0      # bootstrap plan (SimConfig.first_plan_at)
+    balance_factor: float | None = BALANCE_FACTOR   # the policy's overload guard (None: off)
 
     @property
     def duration(self) -> float:
@@ -153,7 +155,7 @@ def run_mode(setup: DriftSetup, mode: str, wl: Workload, q_cap: float) -> tuple[
     config = SimConfig(profile, setup.replicas, warmup=setup.interval, end=setup.duration,
                        control_interval=setup.interval, first_plan_at=setup.first_plan_at, q_cap=q_cap,
                        plan_fn=plan_fn)
-    policy = make_policy("cacheroute", setup.replicas, seed=setup.seed)
+    policy = make_policy("cacheroute", setup.replicas, seed=setup.seed, balance_factor=setup.balance_factor)
     result = Simulator(config, policy, wl.requests).run()
     m = result.metrics
     times, series = hit_series(result, setup.bin_seconds)
