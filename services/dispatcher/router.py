@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from services.core.plan import Plan
 from services.core.policies import make_policy
@@ -106,6 +106,29 @@ class Router:
         else:
             self.telemetry_dropped += 1
         return pick
+
+    def route_many(self, requests: Iterable[tuple[str, int, int]], now: float) -> list[Pick]:
+        """`route` for each (key, prompt_tokens, prefix_tokens) in order, with the lookups
+        hoisted out of the loop (RouteBatch). On NoHealthyReplica the earlier ones stay routed."""
+        probe, pick, state = self._probe, self.policy.pick, self.state
+        in_flight, recent, routed_to, counts = state.in_flight, self.recent, self.routed_to, self.counts
+        buf, room = self.telemetry, self.telemetry_capacity - len(self.telemetry)
+        out: list[Pick] = []
+        for key, prompt_tokens, prefix_tokens in requests:
+            probe.key = key
+            p = pick(probe, state)   # type: ignore[arg-type]
+            i = p.replica
+            in_flight[i] += 1
+            recent[i] += 1
+            routed_to[i] += 1
+            counts[p.reason] += 1
+            if room > 0:
+                buf.append((key, now, prompt_tokens, prefix_tokens))
+                room -= 1
+            else:
+                self.telemetry_dropped += 1
+            out.append(p)
+        return out
 
     @property
     def routed(self) -> int:
