@@ -22,7 +22,7 @@ from tests.integration.test_store_contract import make_store, plan, run  # noqa:
 # ------------------------------------------------------------------ store contract
 
 
-def test_a_stale_token_changes_no_mode_and_no_pin(make_store):
+def test_a_stale_token_changes_no_mode_and_no_pin(make_store):  # noqa: F811 - the imported fixture
     async def scenario(store):
         out = {}
         await store.put_plan(plan(1))
