@@ -2,11 +2,14 @@
 
 Every `interval` seconds (default 0.25, so ~4×/s) each replica gets a grpc health check
 and a GetStats call, both with a short deadline (default 0.2 s), concurrently. A replica
-is healthy when the health service says SERVING and the stats call succeeds; otherwise it
-leaves T(b) and P2C at once (the policy skips unhealthy replicas), so a dead or hung
-replica is out within interval + timeout < 1 s and back after its first good poll. A
-proxied stream that fails with UNAVAILABLE marks its replica down immediately too
-(`mark_down`).
+is healthy when the health service says SERVING and the stats call succeeds. A refused
+connection, an error or NOT_SERVING takes it out of T(b) and P2C at once (the policy skips
+unhealthy replicas); a poll that only ran out of time counts once `timeouts_to_down`
+(default 2) polls in a row did, because a busy dispatcher (or machine) misses a 0.2 s
+deadline now and then, and marking every replica down on one slow poll would fail requests
+that a healthy cluster could serve. A dead or hung replica is still out within
+interval + 2 x timeout < 1 s, and back after its first good poll. A proxied stream that
+fails with UNAVAILABLE marks its replica down immediately too (`mark_down`).
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 
 class ReplicaMonitor:
     def __init__(self, router: Router, *, interval: float = 0.25, timeout: float = 0.2,
-                 tls: TLSFiles | None = None) -> None:
+                 tls: TLSFiles | None = None, timeouts_to_down: int = 2) -> None:
         self.router = router
         self.interval = interval
         self.timeout = timeout
+        self.timeouts_to_down = timeouts_to_down
+        self._timeouts = [0] * len(router.replicas)
         self._tls = tls
         self.channels: list[grpc.aio.Channel] = []
         self.engines: list[engine_pb2_grpc.EngineStub] = []
@@ -69,8 +74,13 @@ class ReplicaMonitor:
                 self._health[i].Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout),
                 self.engines[i].GetStats(engine_pb2.GetStatsRequest(), timeout=self.timeout))
         except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                self._timeouts[i] += 1
+                if self._timeouts[i] < self.timeouts_to_down:
+                    return  # one slow poll: keep the replica's last state
             self._set(i, False, err.code().name)
             return
+        self._timeouts[i] = 0
         if health.status != SERVING:
             self._set(i, False, "NOT_SERVING")
             return
