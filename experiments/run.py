@@ -1,6 +1,8 @@
 """Reproduce the paper's experiments on the simulator (docs/experiments.md).
 
   .venv/bin/python -m experiments.run NAME [--print]     run one experiment (or `all`)
+  .venv/bin/python -m experiments.run NAME --only P,Q [--keep-old TAG]
+                                                         re-run some rows, merge into the stored results
   .venv/bin/python -m experiments.run summarize          tables from the stored results
 
 Capacity experiments are the product's own command, `cacheroute sim compare`, with the
@@ -8,6 +10,9 @@ arguments listed in COMPARE (`--print` shows them instead of running); each writ
 results.json, table.md and plots under experiments/results/<name>/. `drift` runs
 experiments/drift.py and writes experiments/results/drift/. `summarize` reads every stored
 result and prints the markdown tables of docs/experiments.md (ours next to the paper's).
+`--only` re-runs the named policies of a compare experiment (or the planner row) with the same
+arguments and replaces their rows in the stored results; `--keep-old TAG` keeps each replaced
+row as `<policy>-TAG`, so figures measured on earlier code stay visible next to the new ones.
 
 Settings chosen once for every policy (docs/experiments.md, "Setup"): 150 s of arrivals,
 60 s warm-up (two 30 s control intervals, so planned policies are measured on their second
@@ -53,6 +58,12 @@ COMPARE: dict[str, list[str]] = {
     "mooncake-synthetic": ["sim", "compare", "--trace", f"{MOONCAKE}/synthetic_trace.jsonl",
                            "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", ALL_POLICIES,
                            "--qps-grid", TRACE_GRID, "--slo-p99", "10", *BOOT, "--jobs", "2"],
+    # the flagship K=128 near its knee on a finer, higher grid; q_cap fixed to the value flagship-k128
+    # calibrated at its lowest point (20 QPS), so the only change is the grid
+    "flagship-k128-knee": ["sim", "compare", "--workload", "paper", "--active-set", "128",
+                           "--policies", "flat,chwbl,sglang,dualmap,cacheroute",
+                           "--qps-grid", "200,225,250,275,300,350,400", "--q-cap", "10.75",
+                           "--slo-p99", "3.5", *SYNTH],
 }
 # CacheRoute with the planner service's own plan lifecycle (incremental candidate + keep-or-switch
 # rule) instead of the simulator's default fresh LPT plan every interval; same settings as above
@@ -62,8 +73,48 @@ TRACES = {"mooncake-conversation": f"{MOONCAKE}/conversation_trace.first_half.js
 EXPERIMENTS = (*COMPARE, *PLANNER, "drift", "ideal")
 
 
-def command(name: str) -> list[str]:
-    return [*COMPARE[name], "--out", os.path.relpath(os.path.join(RESULTS, name))]
+def command(name: str, out: str | None = None, policies: str | None = None) -> list[str]:
+    argv = [*COMPARE[name], "--out", os.path.relpath(out or os.path.join(RESULTS, name))]
+    if policies is not None:
+        argv[argv.index("--policies") + 1] = policies
+    return argv
+
+
+def rerun(name: str, policies: list[str], keep_old: str | None) -> int:
+    """Re-run `policies` of a stored experiment with its own arguments and merge their rows in."""
+    import shutil
+
+    from services.sim import report
+
+    path = os.path.join(RESULTS, name)
+    scratch = os.path.join(path, "rerun")
+    if name in PLANNER:
+        if policies != ["cacheroute-planner"]:
+            raise SystemExit(f"{name} has one row, cacheroute-planner")
+        rc = run_planner(name, PLANNER[name], out=scratch)
+    elif name in COMPARE:
+        from clients.cli import main as cli
+
+        rc = cli(command(name, scratch, ",".join(policies)))
+    else:
+        raise SystemExit(f"--only applies to compare experiments and planner-k*, not {name}")
+    if rc:
+        return rc
+    fresh = load_path(os.path.join(scratch, "results.json"))
+    report.write(merge_rows(load(name) or {}, fresh, keep_old), path)
+    shutil.rmtree(scratch)
+    return 0
+
+
+def merge_rows(stored: dict, fresh: dict, keep_old: str | None) -> dict:
+    """Stored rows with `fresh` ones replacing theirs in place; a replaced row kept as `<policy>-TAG`."""
+    merged = {}
+    for policy, row in stored.items():
+        merged[policy] = fresh.get(policy, row)
+    merged.update((p, r) for p, r in fresh.items() if p not in merged)
+    if keep_old:
+        merged.update((f"{p}-{keep_old}", stored[p]) for p in fresh if p in stored)
+    return merged
 
 
 def run(name: str) -> int:
@@ -108,7 +159,7 @@ def run_ideal() -> int:
     return 0
 
 
-def run_planner(name: str, active_set: int) -> int:
+def run_planner(name: str, active_set: int, out: str | None = None) -> int:
     """The flagship sweep for cacheroute with the planner's lifecycle (experiments.drift "planner")."""
     from dataclasses import replace
 
@@ -133,7 +184,7 @@ def run_planner(name: str, active_set: int) -> int:
         points.append(out)
         sys.stderr.write(f"{name}: {qps:g} QPS hit {out['hit_rate']:.3f} p99 {out['ttft_p99']:.2f} s\n")
     results = {"cacheroute-planner": capacity_report(points, 3.5)}
-    path = os.path.join(RESULTS, name)
+    path = out or os.path.join(RESULTS, name)
     os.makedirs(path, exist_ok=True)
     report.write(results, path)
     sys.stdout.write(report.table(results))
@@ -143,7 +194,10 @@ def run_planner(name: str, active_set: int) -> int:
 # ------------------------------------------------------------------ summaries
 
 def load(name: str) -> dict | None:
-    path = os.path.join(RESULTS, name, "results.json")
+    return load_path(os.path.join(RESULTS, name, "results.json"))
+
+
+def load_path(path: str) -> dict | None:
     if not os.path.exists(path):
         return None
     with open(path, "rb") as f:
@@ -257,10 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="experiments.run", description=__doc__.splitlines()[0])
     ap.add_argument("name", choices=(*EXPERIMENTS, "all", "summarize"))
     ap.add_argument("--print", action="store_true", help="print the cacheroute command instead of running it")
+    ap.add_argument("--only", help="re-run these policies (comma-separated) and merge them into the stored results")
+    ap.add_argument("--keep-old", metavar="TAG", help="with --only: keep each replaced row as <policy>-TAG")
     args = ap.parse_args(argv)
     if args.name == "summarize":
         sys.stdout.write(summarize())
         return 0
+    if args.keep_old and not args.only:
+        ap.error("--keep-old needs --only")
+    if args.only:
+        return rerun(args.name, [p.strip() for p in args.only.split(",") if p.strip()], args.keep_old)
     names = EXPERIMENTS if args.name == "all" else (args.name,)
     for name in names:
         if args.print:

@@ -3,8 +3,9 @@ next to Flat-LB and the peers, on the flagship and both Mooncake traces.
 
   .venv/bin/python -m experiments.beyond.coldtail [--sources a,b] [--policies flat,sticky,...]
 
-Writes experiments/results/beyond/coldtail.json and prints a markdown table: per source and
-policy, SLO capacity (censoring), hit rate and p99 at a reference QPS of the grid.
+Writes experiments/results/beyond/coldtail.json (rows run earlier and not named here stay) and
+prints a markdown table: per source and policy, SLO capacity (censoring), hit rate and p99 at a
+reference QPS of the grid. `--policies ""` re-runs only the two cacheroute variants.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import sys
 import time
 
-from experiments.beyond.common import SOURCES, capacity, save, slim, variant
+from experiments.beyond.common import SOURCES, capacity, load, save, slim, variant
 
 VARIANTS = {"cacheroute+p2c-tail": ("cacheroute", {"cold": "p2c"}),
             "cacheroute+chwbl-tail": ("cacheroute", {"cold": "chwbl"})}
@@ -25,12 +26,12 @@ def main(argv=None) -> int:
     ap.add_argument("--sources", default="flagship-k128,mooncake-conversation,mooncake-synthetic")
     ap.add_argument("--policies", default="flat", help="peer policies run alongside the two variants")
     args = ap.parse_args(argv)
-    out: dict[str, dict] = {}
+    out: dict[str, dict] = load("coldtail")
     for source in args.sources.split(","):
         base, grid, slo = SOURCES[source]
         runs = dict(VARIANTS)
         runs.update({p: (p, {}) for p in args.policies.split(",") if p})
-        out[source] = {}
+        out.setdefault(source, {})
         for label, (policy, knobs) in runs.items():
             t = time.time()
             rep = slim(capacity(variant(base, policy, **knobs), grid, slo))
