@@ -203,7 +203,7 @@ async def run(args: argparse.Namespace) -> None:
         print(f"{'server':22} {'rate':>6} {'achieved':>9} {'err':>5} {'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} "
               f"{'client lag p99 ms':>17}")
         at_goal = None
-        for rate in args.rates:
+        for rate in args.rates if not args.batch_only else []:
             for name, address in (("bare grpc.aio", f"127.0.0.1:{bare_port}"), ("dispatcher", addresses[0])):
                 r = await open_loop(address, keys, rate, args.seconds)
                 print(f"{name:22} {rate:6.0f} {r['achieved_rps']:9.0f} {r['errors']:5d} {r['p50_ms']:7.2f} "
@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--callers", type=int, default=2)
     ap.add_argument("--batch-seconds", type=float, default=5)
+    ap.add_argument("--batch-only", action="store_true", help="skip the Route latency part")
     args = ap.parse_args(argv)
     asyncio.run(serve_bare(args.serve_bare) if args.serve_bare else run(args))
     return 0
