@@ -7,6 +7,7 @@ import pytest
 from services.core.plan import Plan
 from services.core.policies import make_policy
 from services.core.policies.affinity_replication import replicas_needed
+from services.core.policies.cacheroute import DEFAULT_COLD_TAIL
 from services.core.policy import ClusterState, Reason
 from services.core.request import Request
 
@@ -109,8 +110,20 @@ def test_cacheroute_dispatch(in_flight, healthy, key, want_replica, want_reason)
     assert healthy[pick.replica]
 
 
-def test_cacheroute_fallback_and_cold_use_p2c():
+def test_cacheroute_default_cold_tail_is_chwbl():
+    # docs/experiments.md ("Session-aware cold tail") and the policy header name chwbl the default
     p = make_policy("cacheroute", R, seed=2)
+    assert p.cold == DEFAULT_COLD_TAIL == "chwbl"
+    p.set_plan(make_plan({"a": (2,)}))
+    s = state_with([0, 9, 9, 9, 9, 9, 9, 9])
+    ring = make_policy("chwbl", R, seed=5)
+    for i in range(50):
+        pick = p.pick(request(f"c{i}"), s)
+        assert pick == (ring.pick(request(f"c{i}"), s).replica, Reason.COLD)
+
+
+def test_cacheroute_fallback_and_cold_use_p2c():
+    p = make_policy("cacheroute", R, seed=2, cold="p2c")
     p.set_plan(make_plan({"a": (2,)}))
     s = state_with([0, 9, 9, 9, 9, 9, 9, 9])
     cold = [p.pick(request(f"c{i}"), s) for i in range(200)]

@@ -18,10 +18,13 @@ Reason.FALLBACK. Walking the key's own ring keeps one key's spill on few replica
 spilled prefix stays warm there; the least-loaded healthy replica always meets the bound
 (c >= 1), so the walk ends.
 
-Knobs: `cold` = "p2c" (default; the paper's cold tail) or "chwbl" (session-aware cold
-tail: consistent hashing with bounded loads, so a recurring cold key tends to return to
-the same replica); `flat_fallback` (initial mode, also `set_flat_fallback`);
-`balance_factor` c (default 1.25, the Envoy/HAProxy factor CHWBL runs with; None turns
+Knobs: `cold` = "chwbl" (default: the session-aware cold tail, consistent hashing with
+bounded loads, so a recurring cold key tends to return to the replica that has its prefix)
+or "p2c" (the paper's cold tail). Default chosen on measurements (docs/experiments.md,
+"Session-aware cold tail"): with the guard on it ties P2C on the flagship, where the
+bootstrap plan admits every key, and raises the hit rate on both Mooncake traces, where
+most sessions never enter a plan; it needs no shared state. `flat_fallback` (initial mode,
+also `set_flat_fallback`); `balance_factor` c (default 1.25, the Envoy/HAProxy factor CHWBL runs with; None turns
 the guard off, as the ablation policies do). Chosen once (docs/experiments.md, "Overload
 guard"): at the 30-100 requests in flight per replica of our loads near capacity, 1.25 is
 ~2 standard deviations of Poisson noise above the mean, so it rarely fires on noise, and
@@ -48,6 +51,7 @@ from services.core.policy import ClusterState, Pick, Reason
 from services.core.request import Request
 
 COLD_TAILS = ("p2c", "chwbl")
+DEFAULT_COLD_TAIL = "chwbl"
 BALANCE_FACTOR = 1.25
 SPILL_FLOOR = 8
 
@@ -55,7 +59,7 @@ SPILL_FLOOR = 8
 class CacheRoutePolicy:
     name = "cacheroute"
 
-    def __init__(self, replicas: int, *, rng: random.Random, cold: str = "p2c",
+    def __init__(self, replicas: int, *, rng: random.Random, cold: str = DEFAULT_COLD_TAIL,
                  flat_fallback: bool = False, balance_factor: float | None = BALANCE_FACTOR,
                  spill_floor: int = SPILL_FLOOR):
         if cold not in COLD_TAILS:
