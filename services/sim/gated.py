@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from services.core.plan import Plan
-from services.core.policies.cacheroute import BALANCE_FACTOR
+from services.core.policies.cacheroute import BALANCE_FACTOR, DEFAULT_COLD_TAIL
 from services.core.policy import Policy
 from services.core.request import Request
 from services.core.shadow import (FallbackConfig, Observed, ShadowConfig, fallback_check, requests_to_records,
@@ -119,7 +119,7 @@ def run_gated_spec(spec, *, slo_p99: float, margin: float = 0.10, max_requests: 
     config = config_for(spec)
     shadow = ShadowConfig(get_profile(spec.profile), spec.replicas, kv_blocks=config.kv_blocks, slo_p99=slo_p99,
                           margin=margin, max_requests=max_requests,
-                          cold=spec.policy_knobs.get("cold", "p2c"), seed=spec.seed,
+                          cold=spec.policy_knobs.get("cold", DEFAULT_COLD_TAIL), seed=spec.seed,
                           balance_factor=spec.policy_knobs.get("balance_factor", BALANCE_FACTOR))
     policy = make_policy("cacheroute", spec.replicas, seed=spec.seed, **spec.policy_knobs)
     out = GatedSimulator(config, policy, reqs, shadow=shadow).run().as_dict()

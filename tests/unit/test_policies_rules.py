@@ -122,6 +122,10 @@ def test_cacheroute_default_cold_tail_is_chwbl():
         assert pick == (ring.pick(request(f"c{i}"), s).replica, Reason.COLD)
 
 
+def test_ablations_keep_the_papers_p2c_cold_tail():
+    assert make_policy("affinity", R).cold == make_policy("affinity-replication", R).cold == "p2c"
+
+
 def test_cacheroute_fallback_and_cold_use_p2c():
     p = make_policy("cacheroute", R, seed=2, cold="p2c")
     p.set_plan(make_plan({"a": (2,)}))

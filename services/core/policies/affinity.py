@@ -22,6 +22,7 @@ class AffinityPolicy(CacheRoutePolicy):
 
     def __init__(self, replicas: int, *, rng: random.Random, vnodes: int = 160, **knobs):
         knobs.setdefault("balance_factor", None)     # the ablations isolate placement: no overload guard
+        knobs.setdefault("cold", "p2c")              # ... and keep the paper's cold tail
         super().__init__(replicas, rng=rng, **knobs)
         self._ring = Ring(replicas, vnodes)
 
