@@ -1,11 +1,12 @@
 """Gated CacheRoute (re-plan each interval, shadow-gate each candidate on the last window, Flat-LB
 fallback) vs plain CacheRoute and Flat-LB, on the experiment page's workloads.
 
-  .venv/bin/python -m experiments.beyond.gated [--sources a,b] [--margin 0.1] [--cold p2c|chwbl]
+  .venv/bin/python -m experiments.beyond.gated [--sources a,b] [--arms x,y] [--margin 0.1] [--cold p2c|chwbl]
 
 Sweeps stop at the first grid point whose p99 misses the SLO (SLO capacity needs every lower
 point to pass, so higher points cannot change it). `--cold` sets the cold tail of both
-cacheroute arms. Writes experiments/results/beyond/gated.json (gated-chwbl.json with --cold chwbl).
+cacheroute arms; `--arms` re-runs only some arms (flat, cacheroute, cacheroute-gated) and keeps the
+stored others. Writes experiments/results/beyond/gated.json (gated-chwbl.json with --cold chwbl).
 """
 
 from __future__ import annotations
@@ -41,18 +42,20 @@ def main(argv=None) -> int:
     ap.add_argument("--sources", default="flagship-k128,low-reuse,burst,mooncake-conversation,mooncake-synthetic")
     ap.add_argument("--margin", type=float, default=0.10)
     ap.add_argument("--cold", default="p2c", choices=("p2c", "chwbl"))
+    ap.add_argument("--arms", default="flat,cacheroute,cacheroute-gated")
     args = ap.parse_args(argv)
     cold = {"cold": args.cold}
     name = "gated" if args.cold == "p2c" else f"gated-{args.cold}"
-    out = load(name)          # sources run earlier stay; the ones named here are replaced
+    out = load(name)          # sources and arms run earlier stay; the ones named here are replaced
     for source in args.sources.split(","):
         base, grid, slo = SOURCES[source]
-        out[source] = {}
+        out.setdefault(source, {})
         arms = {"flat": (replace(base, policy="flat"), run_spec),
                 "cacheroute": (replace(base, policy="cacheroute", policy_knobs=cold), run_spec),
                 "cacheroute-gated": (replace(base, policy="cacheroute", policy_knobs=cold),
                                      lambda s: run_gated_spec(s, slo_p99=slo, margin=args.margin))}
-        for label, (spec, one) in arms.items():
+        for label in args.arms.split(","):
+            spec, one = arms[label]
             t = time.time()
             out[source][label] = sweep_until_miss(spec, grid, slo, one)
             print(f"{source} {label}: {out[source][label]['capacity']} [{time.time() - t:.0f}s]", file=sys.stderr,
