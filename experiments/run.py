@@ -67,7 +67,9 @@ COMPARE: dict[str, list[str]] = {
 }
 # CacheRoute with the planner service's own plan lifecycle (incremental candidate + keep-or-switch
 # rule) instead of the simulator's default fresh LPT plan every interval; same settings as above
-PLANNER = {"planner-k128": 128, "planner-k256": 256}
+# name -> (active set, grid, fixed q_cap or None = calibrated at the lowest grid point)
+PLANNER = {"planner-k128": (128, FLAGSHIP_GRID, None), "planner-k256": (256, FLAGSHIP_GRID, None),
+           "planner-k128-knee": (128, "200,225,250,275,300,350,400", 10.75)}
 TRACES = {"mooncake-conversation": f"{MOONCAKE}/conversation_trace.first_half.jsonl",
           "mooncake-synthetic": f"{MOONCAKE}/synthetic_trace.jsonl"}
 EXPERIMENTS = (*COMPARE, *PLANNER, "drift", "ideal")
@@ -91,7 +93,7 @@ def rerun(name: str, policies: list[str], keep_old: str | None) -> int:
     if name in PLANNER:
         if policies != ["cacheroute-planner"]:
             raise SystemExit(f"{name} has one row, cacheroute-planner")
-        rc = run_planner(name, PLANNER[name], out=scratch)
+        rc = run_planner(name, *PLANNER[name], out_dir=scratch)
     elif name in COMPARE:
         from clients.cli import main as cli
 
@@ -130,7 +132,7 @@ def run(name: str) -> int:
         sys.stdout.write(drift_table(out))
         return 0
     if name in PLANNER:
-        return run_planner(name, PLANNER[name])
+        return run_planner(name, *PLANNER[name])
     if name == "ideal":
         return run_ideal()
     from clients.cli import main
@@ -159,7 +161,7 @@ def run_ideal() -> int:
     return 0
 
 
-def run_planner(name: str, active_set: int, out: str | None = None) -> int:
+def run_planner(name: str, active_set: int, grid: str, q_cap: float | None, out_dir: str | None = None) -> int:
     """The flagship sweep for cacheroute with the planner's lifecycle (experiments.drift "planner")."""
     from dataclasses import replace
 
@@ -169,12 +171,12 @@ def run_planner(name: str, active_set: int, out: str | None = None) -> int:
     from services.sim.runs import RunSpec, calibrated_q_cap, capacity_report, config_for, load_requests
     from services.sim.simulator import Simulator
 
-    grid = [float(q) for q in FLAGSHIP_GRID.split(",")]
-    base = RunSpec(policy="cacheroute", qps=grid[0], duration=150.0, warmup=60.0, first_plan_at=5.0,
+    qps_grid = [float(q) for q in grid.split(",")]
+    base = RunSpec(policy="cacheroute", qps=qps_grid[0], duration=150.0, warmup=60.0, first_plan_at=5.0,
                    workload_knobs={"active_set": active_set})
-    q_cap = calibrated_q_cap(base)
+    q_cap = q_cap if q_cap is not None else calibrated_q_cap(base)
     points = []
-    for qps in grid:
+    for qps in qps_grid:
         spec = replace(base, qps=qps, q_cap=q_cap)
         reqs = load_requests(spec)
         prefix = {q.key: q.prefix_tokens for q in reqs}
@@ -184,7 +186,7 @@ def run_planner(name: str, active_set: int, out: str | None = None) -> int:
         points.append(out)
         sys.stderr.write(f"{name}: {qps:g} QPS hit {out['hit_rate']:.3f} p99 {out['ttft_p99']:.2f} s\n")
     results = {"cacheroute-planner": capacity_report(points, 3.5)}
-    path = out or os.path.join(RESULTS, name)
+    path = out_dir or os.path.join(RESULTS, name)
     os.makedirs(path, exist_ok=True)
     report.write(results, path)
     sys.stdout.write(report.table(results))
