@@ -19,6 +19,7 @@ from collections import Counter
 import orjson
 
 from clients.cli import CliError
+from services.core.policies.cacheroute import COLD_TAILS, DEFAULT_COLD_TAIL
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--margin", type=float, default=0.10, help="required relative improvement (default 0.10)")
     p.add_argument("--max-requests", type=int, default=2000, help="replay the latest N records (default 2000)")
     p.add_argument("--load-scales", default="1,1.5,2,3,4", help="load multipliers, must include 1")
-    p.add_argument("--cold", default="p2c", choices=("p2c", "chwbl"), help="candidate's cold-tail policy")
+    p.add_argument("--cold", default=DEFAULT_COLD_TAIL, choices=COLD_TAILS,
+                   help=f"candidate's cold-tail policy (default {DEFAULT_COLD_TAIL}, as live dispatchers)")
     p.add_argument("--balance-factor", default=None,
                    help="candidate's overload guard c, or 'off' (default: the cacheroute policy's, as live)")
     p.add_argument("--q-cap", type=float, help="with --policy: req/s per replica (default: calibrated)")

@@ -44,7 +44,7 @@ from typing import Iterable, Literal, Sequence
 from services.core.engine import EngineProfile
 from services.core.metrics import slo_capacity
 from services.core.plan import Plan, ShadowReport
-from services.core.policies.cacheroute import BALANCE_FACTOR
+from services.core.policies.cacheroute import BALANCE_FACTOR, DEFAULT_COLD_TAIL
 from services.core.request import BLOCK_TOKENS, Request
 
 Mode = Literal["planned", "flat"]
@@ -73,7 +73,7 @@ class ShadowConfig:
     warmup_share: float = 0.25                     # share of the replay span excluded from metrics
     drain_limit: float = 120.0                     # simulated seconds after the last arrival
     default_output_tokens: int = 192
-    cold: str = "p2c"                              # the candidate's cold-tail policy
+    cold: str = DEFAULT_COLD_TAIL                  # the candidate's cold-tail policy (as live dispatchers)
     balance_factor: float | None = BALANCE_FACTOR  # the candidate's overload guard (None: off), as live
     seed: int = 0
 

@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 
 from services.core.plan import Plan
 from services.core.policies import make_policy
+from services.core.policies.cacheroute import DEFAULT_COLD_TAIL
 from services.core.policy import ClusterState, Pick, Reason
 
 
@@ -64,7 +65,7 @@ class _Probe:
 
 
 class Router:
-    def __init__(self, replicas: Sequence[Replica], *, seed: int | None = None, cold: str = "p2c",
+    def __init__(self, replicas: Sequence[Replica], *, seed: int | None = None, cold: str = DEFAULT_COLD_TAIL,
                  telemetry_capacity: int = 100_000) -> None:
         self.replicas = tuple(replicas)
         self.ids = tuple(r.id for r in self.replicas)
