@@ -3,7 +3,7 @@
 Setup: 30 replicas, all healthy, random loads; a plan with 128 admitted keys (every 8th
 key on 2 replicas); traffic mixes admitted keys and cold keys (1 in 4 cold). Measured:
 - baseline: `table.get(key)` for the same keys (a plain dict lookup, the floor);
-- policy.pick alone (H3's cacheroute policy), planned and cold keys;
+- policy.pick alone (the cacheroute policy), planned and cold keys;
 - Router.route: pick + load/counter/telemetry bookkeeping (what a Route RPC runs);
 - the RouteBatch servicer on 1,000-key requests: parse, route, encode, serialize (per decision).
 Each figure is the best of `--repeats` passes over `--n` keys; printed as µs per call and

@@ -1,12 +1,12 @@
 """Choosing the overload guard's balance factor c once (services/core/policies/cacheroute.py).
 
-One sweep over c at the points that decide it, with H7's settings (docs/experiments.md,
+One sweep over c at the points that decide it, with the paper experiments' settings (docs/experiments.md,
 "Setup": 150 s, 60 s warm-up, bootstrap plan at 5 s, seed 0, q_cap as calibrated by the
 stored sweeps): the flagship (70B, K = 128) at 250 and 300 QPS, where the unguarded plan
 passes and then fails; the ablation (8B whale) at 240 QPS, where the plan's own sizing
 floor is ~1.3x mean (a guard that fires there undoes the plan), and at 420 QPS; low-reuse
 at 80 and 100 QPS, where balance decides capacity. `None` = guard off (the previous
-behaviour; re-measured at one point to check the runs repeat H7's figures).
+behaviour; re-measured at one point to check the runs repeat the first run's figures).
 
   .venv/bin/python -m experiments.guard            -> experiments/results/guard/results.json
 """

@@ -37,7 +37,7 @@ from services.store import ControlState, Fenced, FlatMode, Mode, Pinned, RatesSn
 if TYPE_CHECKING:
     from services.planner.gate import Gate, Verdict
 
-try:  # H1's churn-aware re-planner and switching rule; the loop degrades without them
+try:  # the churn-aware re-planner and switching rule; the loop degrades without them
     from services.core import replan as _replan
 except ImportError:  # pragma: no cover - depends on what has landed
     _replan = None
