@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from cacheroute.v1 import collector_pb2_grpc
 from prometheus_client import Counter, Gauge
 
+from cacheroute.v1 import collector_pb2_grpc
 from services.collector.ingest import IngestCounters, Ingestor
 from services.collector.servicer import CollectorServicer
 from services.rpc import (
@@ -39,13 +39,7 @@ from services.rpc import (
     server_config,
     start_server,
 )
-from services.store import (
-    Store,
-    TelemetryConfig,
-    add_store_flags,
-    open_store,
-    telemetry_from_args,
-)
+from services.store import Store, TelemetryConfig, add_store_flags, open_store, telemetry_from_args
 
 log = logging.getLogger("cacheroute.collector")
 SERVICE = "cacheroute.v1.Collector"

@@ -30,9 +30,9 @@ import logging
 import sys
 from dataclasses import dataclass
 
-from cacheroute.v1 import dispatcher_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from cacheroute.v1 import dispatcher_pb2_grpc
 from services.core.policies.cacheroute import COLD_TAILS, CacheRoutePolicy
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.plans import PlanFeed

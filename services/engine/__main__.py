@@ -20,7 +20,6 @@ import sys
 from dataclasses import dataclass
 
 from cacheroute.v1 import engine_pb2_grpc
-
 from services.core.engine import EngineModel, get_profile
 from services.engine.reporter import CacheStatsReporter
 from services.engine.runner import EngineRunner

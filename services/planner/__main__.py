@@ -52,16 +52,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from cacheroute.v1 import planner_pb2_grpc
 from prometheus_client import Counter, Gauge, Histogram
 
+from cacheroute.v1 import planner_pb2_grpc
 from services.core.shadow import FallbackConfig
-from services.planner.control import (
-    ControlLoop,
-    LoopConfig,
-    LoopCounters,
-    switching_config,
-)
+from services.planner.control import ControlLoop, LoopConfig, LoopCounters, switching_config
 from services.planner.gate import Gate, GateConfig, default_cold_tail
 from services.planner.repair import Repairer, ReplicaHealth
 from services.planner.servicer import PlannerServicer
@@ -77,13 +72,7 @@ from services.rpc import (
     server_config,
     start_server,
 )
-from services.store import (
-    Store,
-    TelemetryConfig,
-    add_store_flags,
-    open_store,
-    telemetry_from_args,
-)
+from services.store import Store, TelemetryConfig, add_store_flags, open_store, telemetry_from_args
 
 log = logging.getLogger("cacheroute.planner")
 SERVICE = "cacheroute.v1.Planner"
