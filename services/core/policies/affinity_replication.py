@@ -11,21 +11,15 @@ section 5.2 and equation 2.
 from __future__ import annotations
 
 import math
-import random
 from typing import Mapping
 
-from services.core.policies._common import Ring
-from services.core.policies.cacheroute import CacheRoutePolicy
+from services.core.policies.affinity import AffinityPolicy
 
 
-class AffinityReplicationPolicy(CacheRoutePolicy):
+class AffinityReplicationPolicy(AffinityPolicy):
+    """AffinityPolicy's knobs and ring; only the table differs (k_b replicas per key)."""
+
     name = "affinity-replication"
-
-    def __init__(self, replicas: int, *, rng: random.Random, vnodes: int = 160, **knobs):
-        knobs.setdefault("balance_factor", None)     # the ablations isolate placement: no overload guard
-        knobs.setdefault("cold", "p2c")              # ... and keep the paper's cold tail
-        super().__init__(replicas, rng=rng, **knobs)
-        self._ring = Ring(replicas, vnodes)
 
     def table_from(self, plan) -> Mapping[str, tuple[int, ...]]:
         return {key: self._ring.distinct(key, replicas_needed(plan.rates.get(key, 0.0), plan.q_cap,
