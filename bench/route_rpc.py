@@ -170,6 +170,32 @@ async def batch_throughput(addresses: list[str], keys: list[str], batch: int, ca
     return done / elapsed
 
 
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (/proc/<pid>/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def cpu_per_call(address: str, pid: int, keys: list[str], seconds: float, callers: int = 8) -> float:
+    """Closed loop (`callers` concurrent Route calls back to back): server CPU microseconds per call."""
+    rng = random.Random(5)
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = dispatcher_pb2_grpc.DispatcherStub(channel)
+        done = 0
+        stop_at = time.perf_counter() + seconds
+
+        async def caller() -> None:
+            nonlocal done
+            while time.perf_counter() < stop_at:
+                await stub.Route(dispatcher_pb2.RouteRequest(key=rng.choice(keys)), timeout=2)
+                done += 1
+
+        before = cpu_seconds(pid)
+        await asyncio.gather(*(caller() for _ in range(callers)))
+        return (cpu_seconds(pid) - before) / max(done, 1) * 1e6
+
 async def run(args: argparse.Namespace) -> None:
     with ExitStack() as stack:
         redis = stack.enter_context(RedisProcess())
@@ -212,6 +238,11 @@ async def run(args: argparse.Namespace) -> None:
                     at_goal = r
         if at_goal is not None:
             print(f"  goal p99 <= 2 ms at 2,000 req/s: {'met' if at_goal['p99_ms'] <= 2 else 'NOT met'}")
+        if not args.batch_only:
+            bare_cpu = await cpu_per_call(f"127.0.0.1:{bare_port}", bare.pid, keys, args.seconds)
+            disp_cpu = await cpu_per_call(addresses[0], dispatchers[0].pid, keys, args.seconds)
+            print(f"server CPU per Route call, closed loop (8 callers, {args.seconds:.0f} s): bare grpc.aio "
+                  f"{bare_cpu:.0f} us, dispatcher {disp_cpu:.0f} us ({disp_cpu / bare_cpu:.2f}x bare)")
 
         one = await batch_throughput(addresses[:1], keys, args.batch, args.callers, args.batch_seconds)
         two = await batch_throughput(addresses, keys, args.batch, args.callers, args.batch_seconds)
