@@ -50,6 +50,15 @@ def env(name: str, default: str = "") -> str:
     return os.environ.get(f"CACHEROUTE_{name}", default)
 
 
+def env_number(name: str, default: str, kind: type[int] | type[float]) -> int | float:
+    """A numeric flag default from CACHEROUTE_<name>; a bad value is a one-line ValueError naming the variable."""
+    raw = env(name, default)
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"CACHEROUTE_{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
 def read_secret(value: str | None, path: str | None) -> str | None:
     """A secret from its value or from a file (first line). Never logged."""
     if path:
@@ -107,10 +116,10 @@ def add_server_flags(parser: argparse.ArgumentParser, *, default_port: int, defa
     """Flags every service shares. Defaults come from CACHEROUTE_* env vars, then the given values."""
     g = parser.add_argument_group("server")
     g.add_argument("--host", default=env("HOST", "127.0.0.1"), help="bind address (env CACHEROUTE_HOST)")
-    g.add_argument("--port", type=int, default=int(env("PORT", str(default_port))),
+    g.add_argument("--port", type=int, default=env_number("PORT", str(default_port), int),
                    help=f"gRPC port, 0 = ephemeral (env CACHEROUTE_PORT, default {default_port})")
     g.add_argument("--metrics-host", default=env("METRICS_HOST", "127.0.0.1"))
-    g.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", str(default_metrics_port))),
+    g.add_argument("--metrics-port", type=int, default=env_number("METRICS_PORT", str(default_metrics_port), int),
                    help=f"Prometheus port, -1 = off, 0 = ephemeral (env CACHEROUTE_METRICS_PORT, default {default_metrics_port})")
     g.add_argument("--auth-token-file", default=env("AUTH_TOKEN_FILE") or None,
                    help="file holding the bearer token (or env CACHEROUTE_AUTH_TOKEN): required on protected RPCs, "
@@ -119,8 +128,8 @@ def add_server_flags(parser: argparse.ArgumentParser, *, default_port: int, defa
     g.add_argument("--tls-key", default=env("TLS_KEY") or None)
     g.add_argument("--tls-client-ca", default=env("TLS_CLIENT_CA") or None, help="require client certs (mTLS)")
     g.add_argument("--tls-ca", default=env("TLS_CA") or None, help="CA for verifying the services this one calls")
-    g.add_argument("--max-message-bytes", type=int, default=int(env("MAX_MESSAGE_BYTES", str(8 * 1024 * 1024))))
-    g.add_argument("--grace-seconds", type=float, default=float(env("GRACE_SECONDS", "5")))
+    g.add_argument("--max-message-bytes", type=int, default=env_number("MAX_MESSAGE_BYTES", str(8 * 1024 * 1024), int))
+    g.add_argument("--grace-seconds", type=float, default=env_number("GRACE_SECONDS", "5", float))
     g.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
 
 

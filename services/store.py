@@ -1529,7 +1529,7 @@ def open_store(url: str, *, telemetry: TelemetryConfig | None = None, prefix: st
 def add_store_flags(parser) -> None:
     """Flags for reaching the store, shared by the planner and the collector (which must agree
     on the telemetry bucketing). Defaults from env vars."""
-    from services.rpc import env
+    from services.rpc import env, env_number
 
     g = parser.add_argument_group("store")
     g.add_argument("--redis", default=env("REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -1537,9 +1537,9 @@ def add_store_flags(parser) -> None:
                         "(env CACHEROUTE_REDIS_URL, default redis://127.0.0.1:6379/0)")
     g.add_argument("--key-prefix", default=env("KEY_PREFIX", "cr"),
                    help="prefix of every Redis key (env CACHEROUTE_KEY_PREFIX, default cr)")
-    g.add_argument("--bucket-seconds", type=float, default=float(env("BUCKET_SECONDS", "10")),
+    g.add_argument("--bucket-seconds", type=float, default=env_number("BUCKET_SECONDS", "10", float),
                    help="telemetry bucket width (env CACHEROUTE_BUCKET_SECONDS, default 10)")
-    g.add_argument("--retention-seconds", type=float, default=float(env("RETENTION_SECONDS", "3600")),
+    g.add_argument("--retention-seconds", type=float, default=env_number("RETENTION_SECONDS", "3600", float),
                    help="telemetry retention (env CACHEROUTE_RETENTION_SECONDS, default 3600)")
 
 

@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from cacheroute.v1 import collector_pb2_grpc
 from prometheus_client import Counter, Gauge
 
-from cacheroute.v1 import collector_pb2_grpc
 from services.collector.ingest import IngestCounters, Ingestor
 from services.collector.servicer import CollectorServicer
 from services.rpc import (
@@ -33,13 +33,19 @@ from services.rpc import (
     RunningServer,
     ServerConfig,
     add_server_flags,
-    env,
+    env_number,
     kv,
     run_service,
     server_config,
     start_server,
 )
-from services.store import Store, TelemetryConfig, add_store_flags, open_store, telemetry_from_args
+from services.store import (
+    Store,
+    TelemetryConfig,
+    add_store_flags,
+    open_store,
+    telemetry_from_args,
+)
 
 log = logging.getLogger("cacheroute.collector")
 SERVICE = "cacheroute.v1.Collector"
@@ -115,13 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_flags(p, default_port=50052, default_metrics_port=9152)
     add_store_flags(p)
-    p.add_argument("--window", type=float, default=float(env("WINDOW_SECONDS", "300")),
+    p.add_argument("--window", type=float, default=env_number("WINDOW_SECONDS", "300", float),
                    help="GetRates default window, seconds (env CACHEROUTE_WINDOW_SECONDS, default 300)")
-    p.add_argument("--queue-size", type=int, default=int(env("COLLECTOR_QUEUE", "64")),
+    p.add_argument("--queue-size", type=int, default=env_number("COLLECTOR_QUEUE", "64", int),
                    help="bounded write queue, batches (env CACHEROUTE_COLLECTOR_QUEUE, default 64)")
-    p.add_argument("--writers", type=int, default=int(env("COLLECTOR_WRITERS", "2")),
+    p.add_argument("--writers", type=int, default=env_number("COLLECTOR_WRITERS", "2", int),
                    help="Redis writer tasks (env CACHEROUTE_COLLECTOR_WRITERS, default 2)")
-    p.add_argument("--coalesce", type=int, default=int(env("COLLECTOR_COALESCE", "16")),
+    p.add_argument("--coalesce", type=int, default=env_number("COLLECTOR_COALESCE", "16", int),
                    help="batches per round trip (env CACHEROUTE_COLLECTOR_COALESCE, default 16)")
     return p
 

@@ -30,9 +30,9 @@ import logging
 import sys
 from dataclasses import dataclass
 
+from cacheroute.v1 import dispatcher_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from cacheroute.v1 import dispatcher_pb2_grpc
 from services.core.policies.cacheroute import COLD_TAILS, CacheRoutePolicy
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.plans import PlanFeed
@@ -45,6 +45,7 @@ from services.rpc import (
     ServerConfig,
     add_server_flags,
     env,
+    env_number,
     kv,
     run_service,
     server_config,
@@ -168,15 +169,15 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--redis", default=env("REDIS_URL"), help="Redis URL for the fallback plan read (env CACHEROUTE_REDIS_URL)")
     g.add_argument("--collector", default=env("COLLECTOR"), help="collector address (env CACHEROUTE_COLLECTOR)")
     g.add_argument("--dispatcher-id", default=env("DISPATCHER_ID", "dispatcher-0"), help="(env CACHEROUTE_DISPATCHER_ID)")
-    g.add_argument("--key-blocks", type=int, default=int(env("KEY_BLOCKS", "4")), help="(env CACHEROUTE_KEY_BLOCKS, default 4)")
-    g.add_argument("--key-tokens", type=int, default=int(env("KEY_TOKENS", "64")), help="(env CACHEROUTE_KEY_TOKENS, default 64)")
+    g.add_argument("--key-blocks", type=int, default=env_number("KEY_BLOCKS", "4", int), help="(env CACHEROUTE_KEY_BLOCKS, default 4)")
+    g.add_argument("--key-tokens", type=int, default=env_number("KEY_TOKENS", "64", int), help="(env CACHEROUTE_KEY_TOKENS, default 64)")
     g.add_argument("--cold-tail", "--cold", dest="cold", default=env("COLD_TAIL", env("COLD", DEFAULT_COLD_TAIL)),
                    choices=COLD_TAILS, help=f"cold-tail policy (env CACHEROUTE_COLD_TAIL, default {DEFAULT_COLD_TAIL})")
-    g.add_argument("--poll-interval", type=float, default=float(env("POLL_INTERVAL", "0.25")))
-    g.add_argument("--poll-timeout", type=float, default=float(env("POLL_TIMEOUT", "0.2")))
-    g.add_argument("--telemetry-interval", type=float, default=float(env("TELEMETRY_INTERVAL", "0.5")))
-    g.add_argument("--telemetry-capacity", type=int, default=int(env("TELEMETRY_CAPACITY", "100000")))
-    g.add_argument("--max-batch", type=int, default=int(env("MAX_BATCH", "10000")))
+    g.add_argument("--poll-interval", type=float, default=env_number("POLL_INTERVAL", "0.25", float))
+    g.add_argument("--poll-timeout", type=float, default=env_number("POLL_TIMEOUT", "0.2", float))
+    g.add_argument("--telemetry-interval", type=float, default=env_number("TELEMETRY_INTERVAL", "0.5", float))
+    g.add_argument("--telemetry-capacity", type=int, default=env_number("TELEMETRY_CAPACITY", "100000", int))
+    g.add_argument("--max-batch", type=int, default=env_number("MAX_BATCH", "10000", int))
     g.add_argument("--seed", type=int, default=int(env("SEED")) if env("SEED") else None)
     args = parser.parse_args(argv)
     try:

@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 
 from cacheroute.v1 import engine_pb2_grpc
+
 from services.core.engine import EngineModel, get_profile
 from services.engine.reporter import CacheStatsReporter
 from services.engine.runner import EngineRunner
@@ -29,6 +30,7 @@ from services.rpc import (
     ServerConfig,
     add_server_flags,
     env,
+    env_number,
     kv,
     run_service,
     server_config,
@@ -101,18 +103,18 @@ def parse_args(argv: list[str] | None) -> EngineConfig:
     g = parser.add_argument_group("engine")
     g.add_argument("--replica-id", default=env("REPLICA_ID", "engine-0"), help="(env CACHEROUTE_REPLICA_ID)")
     g.add_argument("--profile", default=env("PROFILE", "llama3-8b-h100"), help="(env CACHEROUTE_PROFILE)")
-    g.add_argument("--time-scale", type=float, default=float(env("TIME_SCALE", "1.0")),
+    g.add_argument("--time-scale", type=float, default=env_number("TIME_SCALE", "1.0", float),
                    help="wall seconds per model second (env CACHEROUTE_TIME_SCALE, default 1.0)")
-    g.add_argument("--kv-blocks", type=int, default=int(env("KV_BLOCKS", "0")) or None,
+    g.add_argument("--kv-blocks", type=int, default=env_number("KV_BLOCKS", "0", int) or None,
                    help="KV pool in 16-token blocks (env CACHEROUTE_KV_BLOCKS, default: the profile's)")
     g.add_argument("--collector", default=env("COLLECTOR", ""), help="collector address (env CACHEROUTE_COLLECTOR)")
-    g.add_argument("--report-interval", type=float, default=float(env("REPORT_INTERVAL", "1.0")),
+    g.add_argument("--report-interval", type=float, default=env_number("REPORT_INTERVAL", "1.0", float),
                    help="(env CACHEROUTE_REPORT_INTERVAL)")
-    g.add_argument("--max-prompt-tokens", type=int, default=int(env("MAX_PROMPT_TOKENS", "131072")),
+    g.add_argument("--max-prompt-tokens", type=int, default=env_number("MAX_PROMPT_TOKENS", "131072", int),
                    help="(env CACHEROUTE_MAX_PROMPT_TOKENS)")
-    g.add_argument("--max-output-tokens", type=int, default=int(env("MAX_OUTPUT_TOKENS", "8192")),
+    g.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "8192", int),
                    help="(env CACHEROUTE_MAX_OUTPUT_TOKENS)")
-    g.add_argument("--max-requests", type=int, default=int(env("MAX_REQUESTS", "4096")),
+    g.add_argument("--max-requests", type=int, default=env_number("MAX_REQUESTS", "4096", int),
                    help="(env CACHEROUTE_MAX_REQUESTS)")
     args = parser.parse_args(argv)
     try:

@@ -52,11 +52,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from cacheroute.v1 import planner_pb2_grpc
 from prometheus_client import Counter, Gauge, Histogram
 
-from cacheroute.v1 import planner_pb2_grpc
 from services.core.shadow import FallbackConfig
-from services.planner.control import ControlLoop, LoopConfig, LoopCounters, switching_config
+from services.planner.control import (
+    ControlLoop,
+    LoopConfig,
+    LoopCounters,
+    switching_config,
+)
 from services.planner.gate import Gate, GateConfig, default_cold_tail
 from services.planner.repair import Repairer, ReplicaHealth
 from services.planner.servicer import PlannerServicer
@@ -67,12 +72,19 @@ from services.rpc import (
     ServerConfig,
     add_server_flags,
     env,
+    env_number,
     kv,
     run_service,
     server_config,
     start_server,
 )
-from services.store import Store, TelemetryConfig, add_store_flags, open_store, telemetry_from_args
+from services.store import (
+    Store,
+    TelemetryConfig,
+    add_store_flags,
+    open_store,
+    telemetry_from_args,
+)
 
 log = logging.getLogger("cacheroute.planner")
 SERVICE = "cacheroute.v1.Planner"
@@ -254,29 +266,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_flags(p)
     g = p.add_argument_group("planning")
     g.add_argument("--replicas", default=env("REPLICAS"), help="ids or id=addr pairs, comma-separated (env CACHEROUTE_REPLICAS)")
-    g.add_argument("--q-cap", type=float, default=float(env("Q_CAP", "20")), help="req/s per replica at the knee (default 20)")
-    g.add_argument("--warm-slots", type=int, default=int(env("WARM_SLOTS", "8")), help="W, prefixes per replica (default 8)")
-    g.add_argument("--interval", type=float, default=float(env("INTERVAL", "30")), help="loop period, seconds (default 30)")
-    g.add_argument("--window", type=float, default=float(env("WINDOW_SECONDS", "300")), help="rate window, seconds (default 300)")
-    g.add_argument("--incremental", type=int, choices=(0, 1), default=int(env("INCREMENTAL", "1")),
+    g.add_argument("--q-cap", type=float, default=env_number("Q_CAP", "20", float), help="req/s per replica at the knee (default 20)")
+    g.add_argument("--warm-slots", type=int, default=env_number("WARM_SLOTS", "8", int), help="W, prefixes per replica (default 8)")
+    g.add_argument("--interval", type=float, default=env_number("INTERVAL", "30", float), help="loop period, seconds (default 30)")
+    g.add_argument("--window", type=float, default=env_number("WINDOW_SECONDS", "300", float), help="rate window, seconds (default 300)")
+    g.add_argument("--incremental", type=int, choices=(0, 1), default=env_number("INCREMENTAL", "1", int),
                    help="1: churn-aware re-planning when available (default 1)")
     g.add_argument("--switch-knobs", default=env("SWITCH_KNOBS", ""),
                    help="switching-rule knobs NAME=VALUE,... (env CACHEROUTE_SWITCH_KNOBS)")
     g.add_argument("--planner-id", default=env("PLANNER_ID", f"{socket.gethostname()}-{os.getpid()}"),
                    help="lease holder name (env CACHEROUTE_PLANNER_ID, default hostname-pid)")
-    g.add_argument("--lease-ttl", type=float, default=float(env("LEASE_TTL", "15")), help="lease TTL, seconds (default 15)")
-    g.add_argument("--keep-versions", type=int, default=int(env("KEEP_VERSIONS", "500")),
+    g.add_argument("--lease-ttl", type=float, default=env_number("LEASE_TTL", "15", float), help="lease TTL, seconds (default 15)")
+    g.add_argument("--keep-versions", type=int, default=env_number("KEEP_VERSIONS", "500", int),
                    help="stored versions kept, 0 = all (default 500)")
-    g.add_argument("--auto", type=int, choices=(0, 1), default=int(env("AUTO", "1")),
+    g.add_argument("--auto", type=int, choices=(0, 1), default=env_number("AUTO", "1", int),
                    help="1: run the control loop (default 1)")
-    g.add_argument("--max-moves", type=int, default=int(env("MAX_MOVES", "8")),
+    g.add_argument("--max-moves", type=int, default=env_number("MAX_MOVES", "8", int),
                    help="incremental rebalancing moves per loop, 0 = unbounded (env CACHEROUTE_MAX_MOVES, default 8)")
     g = p.add_argument_group("shadow gate and automatic fallback")
     g.add_argument("--gate", choices=("on", "off"), default=env("GATE", "off"),
                    help="replay candidates against Flat-LB before activating them (env CACHEROUTE_GATE, default off)")
-    g.add_argument("--gate-margin", type=float, default=float(env("GATE_MARGIN", "0.10")),
+    g.add_argument("--gate-margin", type=float, default=env_number("GATE_MARGIN", "0.10", float),
                    help="required p99 or capacity improvement (default 0.10)")
-    g.add_argument("--gate-window", type=float, default=float(env("GATE_WINDOW", "120")),
+    g.add_argument("--gate-window", type=float, default=env_number("GATE_WINDOW", "120", float),
                    help="seconds of arrivals replayed (default 120)")
     g.add_argument("--gate-profile", default=env("GATE_PROFILE", env("PROFILE", "llama3-8b-h100")),
                    help="engine profile of the replay (env CACHEROUTE_GATE_PROFILE, else CACHEROUTE_PROFILE)")
@@ -285,24 +297,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV blocks per replica in the replay (default: the profile's)")
     g.add_argument("--gate-time-scale", type=float, default=float(env("GATE_TIME_SCALE", env("TIME_SCALE", "1"))),
                    help="the engines' time scale, wall seconds per model second (default 1)")
-    g.add_argument("--gate-slo", type=float, default=float(env("GATE_SLO", "3.5")),
+    g.add_argument("--gate-slo", type=float, default=env_number("GATE_SLO", "3.5", float),
                    help="p99 TTFT SLO in seconds for the capacity estimate (default 3.5)")
-    g.add_argument("--gate-timeout", type=float, default=float(env("GATE_TIMEOUT", "30")),
+    g.add_argument("--gate-timeout", type=float, default=env_number("GATE_TIMEOUT", "30", float),
                    help="seconds one replay may take; an overrun fails the gate (default 30)")
-    g.add_argument("--gate-max-requests", type=int, default=int(env("GATE_MAX_REQUESTS", "2000")),
+    g.add_argument("--gate-max-requests", type=int, default=env_number("GATE_MAX_REQUESTS", "2000", int),
                    help="latest records replayed (default 2000)")
     g.add_argument("--cold-tail", choices=("p2c", "chwbl"), default=env("COLD_TAIL", default_cold_tail()),
                    help=f"the dispatchers' cold tail, replayed with the candidate (default {default_cold_tail()})")
     g.add_argument("--fallback-knobs", default=env("FALLBACK_KNOBS", ""),
                    help="key_tolerance=,p99_tolerance=,p99_slack= (services.core.shadow.FallbackConfig)")
     g = p.add_argument_group("live failure repair")
-    g.add_argument("--repair", type=int, choices=(0, 1), default=int(env("REPAIR", "1")),
+    g.add_argument("--repair", type=int, choices=(0, 1), default=env_number("REPAIR", "1", int),
                    help="1: health-check id=host:port replicas and repair the active plan (default 1)")
-    g.add_argument("--health-interval", type=float, default=float(env("HEALTH_INTERVAL", "0.5")),
+    g.add_argument("--health-interval", type=float, default=env_number("HEALTH_INTERVAL", "0.5", float),
                    help="seconds between health checks (default 0.5)")
-    g.add_argument("--health-timeout", type=float, default=float(env("HEALTH_TIMEOUT", "0.3")),
+    g.add_argument("--health-timeout", type=float, default=env_number("HEALTH_TIMEOUT", "0.3", float),
                    help="deadline of one health check, seconds (default 0.3)")
-    g.add_argument("--repair-grace", type=float, default=float(env("REPAIR_GRACE", "2")),
+    g.add_argument("--repair-grace", type=float, default=env_number("REPAIR_GRACE", "2", float),
                    help="seconds a replica stays down before its keys move (default 2)")
     return p
 

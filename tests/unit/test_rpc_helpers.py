@@ -91,3 +91,17 @@ def test_reconnect_options_and_bearer_metadata():
     assert "grpc.min_reconnect_backoff_ms" not in dict(channel_options())
     assert bearer_metadata("t0k") == (("authorization", "Bearer t0k"),)
     assert bearer_metadata(None) is None and bearer_metadata("") is None
+
+
+def test_env_number_names_the_variable_when_the_value_is_bad(monkeypatch):
+    import pytest
+
+    from services.rpc import env_number
+
+    monkeypatch.setenv("CACHEROUTE_TEST_KNOB", "2.5")
+    assert env_number("TEST_KNOB", "1", float) == 2.5
+    monkeypatch.delenv("CACHEROUTE_TEST_KNOB")
+    assert env_number("TEST_KNOB", "7", int) == 7
+    monkeypatch.setenv("CACHEROUTE_TEST_KNOB", "lots")
+    with pytest.raises(ValueError, match=r"^CACHEROUTE_TEST_KNOB='lots' is not a valid int$"):
+        env_number("TEST_KNOB", "7", int)
