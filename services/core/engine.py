@@ -93,6 +93,10 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType({
         EngineProfile("llama3-8b-h100", kv_blocks=27_500, t0=1.0e-3, t_w=6.2e-3, a=24e-6, b=1.2e-9, d=50e-9),
         EngineProfile("llama3-70b-fp8-h100x2", kv_blocks=14_100, t0=1.5e-3, t_w=16e-3, a=78e-6, b=2.9e-9,
                       d=63e-9),
+        # derived from the two above by scaling (docs/experiments.md, "A 32B profile"): fp8 weights,
+        # bf16 KV, one H100; the negative regime's model size
+        EngineProfile("qwen2.5-32b-fp8-h100", kv_blocks=9_500, t0=1.3e-3, t_w=12.7e-3, a=72e-6, b=2.95e-9,
+                      d=100e-9),
     )
 })
 
