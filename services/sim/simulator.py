@@ -28,11 +28,10 @@ Planned policies (PLANNED) are re-planned every `control_interval` virtual secon
 arrival counts per key over the last `rate_window` seconds measured inside the run (no
 oracle rates), through `plan_fn` (default: a fresh services.core.planning.build_plan).
 Rate history (`rate_horizon`): instead of the last window alone, per-key rates are an
-exponentially weighted average over that horizon, bias-corrected by the weighted time it
-covers: each re-plan, counts_b <- e^(-w/H) counts_b + new counts_b and T <- e^(-w/H) T + w
-(w the window), rate_b = counts_b / T; keys whose weighted count fell below 0.05 are
-dropped. `rate_prior` seeds that average with rates known before the run (aggregated
-history, as the paper's planner has), weighted as `rate_prior_seconds` of observation. Until
+exponentially weighted average over that horizon (services.core.rates.RateHistory, folded
+once per re-plan with the window's counts). `rate_prior` seeds it with rates known before
+the run (aggregated history, as the paper's planner has), weighted as `rate_prior_seconds`
+of observation; it needs a horizon (a prior without one is ignored). Until
 the first plan they run their cold path; `first_plan_at` (if earlier than the first interval)
 bootstraps a plan from the arrivals so far, the way a planner seeds a new cluster from its
 first telemetry, so a cold-path backlog built before the first plan does not leak into the
@@ -210,8 +209,12 @@ class Simulator:
         self._counts: Counter[str] = Counter()
         self._counted_since = 0.0
         self._prefix: dict[str, int] = {k: p for k, _, p in config.rate_prior}
-        self._hist: dict[str, float] = {k: r * config.rate_prior_seconds for k, r, _ in config.rate_prior}
-        self._hist_time = config.rate_prior_seconds if config.rate_prior else 0.0
+        self._history = None
+        if config.rate_horizon is not None:
+            from services.core.rates import RateHistory
+
+            self._history = RateHistory.seeded(config.rate_horizon, {k: r for k, r, _ in config.rate_prior},
+                                               config.rate_prior_seconds)
         self._plan: Plan | None = None
         self._plans: list[PlanRecord] = []
         self.q_cap = config.q_cap
@@ -362,9 +365,9 @@ class Simulator:
             window = t - self._counted_since    # after a bootstrap plan: the counts cover less
         counts, self._counts = self._counts, Counter()
         self._counted_since = t
-        if cfg.rate_horizon is not None:
-            counts = self._history(counts, window, cfg.rate_horizon)
-            window = self._hist_time
+        if self._history is not None:
+            self._history = self._history.fold(counts, window)
+            counts, window = dict(self._history.counts), self._history.seconds
         if not counts:
             return
         keys = list(counts)
@@ -384,21 +387,6 @@ class Simulator:
         self._plans.append(PlanRecord(plan.version, t, plan.admitted_keys, plan.total_keys,
                                       plan.admitted_rate_share, plan.predicted_imbalance, plan.churn,
                                       plan.q_cap, plan.warm_slots))
-
-    def _history(self, counts: Counter, window: float, horizon: float) -> dict[str, float]:
-        """Fold one window's counts into the EWMA; the weighted counts (their time: _hist_time)."""
-        decay = math.exp(-window / horizon)
-        hist = self._hist
-        for k in list(hist):
-            v = hist[k] * decay
-            if v < 0.05 and k not in counts:
-                del hist[k]
-            else:
-                hist[k] = v
-        for k, c in counts.items():
-            hist[k] = hist.get(k, 0.0) + c
-        self._hist_time = self._hist_time * decay + window
-        return dict(hist)
 
     # -- the run ----------------------------------------------------------------------------
 
