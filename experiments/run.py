@@ -37,9 +37,18 @@ ALL_POLICIES = "flat,sticky,chwbl,sglang,llmd,dynamo,preble,dualmap,cacheroute"
 BOOT = ["--first-plan-at", "5"]
 SYNTH = ["--duration", "150", "--warmup", "60", *BOOT, "--jobs", "2"]
 FLAGSHIP_GRID = "20,50,100,150,200,250,300"
+FULL_GRID = "25,50,75,100,150,200"        # the full-population flagship (heavier prompts)
+HISTORY = "1800"                          # seconds of aggregated per-key rate history (flagship-history)
 TRACE_GRID = "4,8,12,16,20,24,32"
 
 COMPARE: dict[str, list[str]] = {
+    # the paper's flagship (section 5.1): the full 128,824-key population, prompt structure
+    # calibrated once from Flat-LB's and Sticky's hit rates (experiments/flagship.py)
+    "flagship": ["sim", "compare", "--workload", "flagship", "--policies", ALL_POLICIES,
+                 "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
+    # the same with the planner fed 30 min of aggregated per-key rates (EWMA horizon 30 min)
+    "flagship-history": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
+                         "--rate-history", HISTORY, "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
     "flagship-k128": ["sim", "compare", "--workload", "paper", "--active-set", "128", "--policies", ALL_POLICIES,
                       "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
     "flagship-k256": ["sim", "compare", "--workload", "paper", "--active-set", "256", "--policies", ALL_POLICIES,
