@@ -187,7 +187,8 @@ class PlannerService:
                                                    clock=self.config.clock, gate=self.gate,
                                                    max_message_bytes=self.config.server.max_message_bytes)
         self.running = await start_server(self.config.server, [(planner_pb2_grpc.add_PlannerServicer_to_server, servicer)],
-                                          [SERVICE], protected_methods=PROTECTED, metrics=self.metrics)
+                                          [SERVICE], protected_methods=PROTECTED, audited_methods=PROTECTED,
+                                          metrics=self.metrics)
         self.hub.start()
         if self.health is not None:
             await self.health.start()

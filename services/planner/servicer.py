@@ -19,6 +19,7 @@ from services.planner.watch import WatchHub
 from services.store import ControlState, Mode, Pinned, StaleVersion, Store, summary_of
 
 MAX_MOVES = 10_000          # DiffPlans moves per answer, whatever max_moves asks
+MAX_REASON_BYTES = 512      # operator reasons (SetMode, ActivatePlan, Rollback): stored, shown by GetStatus
 _MODE_TO_PB = {Mode.PLANNED: common_pb2.MODE_PLANNED, Mode.FLAT: common_pb2.MODE_FLAT}
 _MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
 
@@ -26,6 +27,13 @@ _MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
 def _control(state: ControlState, previous: int = 0) -> planner_pb2.ControlResponse:
     return planner_pb2.ControlResponse(active_version=state.active_version, previous_version=previous,
                                        mode=_MODE_TO_PB[state.mode], pinned_version=state.pinned_version)
+
+
+def _reason(text: str, default: str) -> str:
+    size = len(text.encode("utf-8"))
+    if size > MAX_REASON_BYTES:
+        raise InvalidArgument(f"reason is {size} bytes (max {MAX_REASON_BYTES})")
+    return text or default
 
 
 def _explicit_inputs(request: planner_pb2.BuildPlanRequest, replica_ids, q_cap, warm_slots) -> BuildInputs:
@@ -200,19 +208,19 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
 
     async def ActivatePlan(self, request, context):
         done = await self.store.activate(request.version, expected=request.expected_active_version,
-                                         now=self.clock(), reason=request.reason or "ActivatePlan")
+                                         now=self.clock(), reason=_reason(request.reason, "ActivatePlan"))
         return _control(await self.store.get_control(), done.previous_version)
 
     async def Rollback(self, request, context):
         done = await self.store.rollback(expected=request.expected_active_version, to_version=request.to_version,
-                                         now=self.clock(), reason=request.reason or "Rollback")
+                                         now=self.clock(), reason=_reason(request.reason, "Rollback"))
         return _control(await self.store.get_control(), done.previous_version)
 
     async def SetMode(self, request, context):
         if request.mode not in _MODE_FROM_PB:
             raise InvalidArgument("mode must be MODE_PLANNED or MODE_FLAT")
-        return _control(await self.store.set_mode(_MODE_FROM_PB[request.mode], reason=request.reason or "SetMode",
-                                                  now=self.clock()))
+        return _control(await self.store.set_mode(_MODE_FROM_PB[request.mode],
+                                                  reason=_reason(request.reason, "SetMode"), now=self.clock()))
 
     async def PinPlan(self, request, context):
         return _control(await self.store.pin(request.version or await self._active_version()))
