@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +60,29 @@ class RateHistory:
         if self.seconds <= 0:
             return {}
         return {k: v / self.seconds for k, v in self.counts.items()}
+
+
+def nested_window_rates(windows: Sequence[tuple[float, Mapping[str, float]]], horizon: float) -> dict[str, float]:
+    """Per-key EWMA rates from nested telemetry windows, statelessly (what the planner service
+    computes from the collector's buckets): `windows` are (span seconds, arrival counts per
+    key over the last `span` seconds), spans increasing, each window containing the previous.
+    Consecutive windows give disjoint slices [span_{k-1}, span_k) of the past; each slice's
+    counts are weighted by e^(-age/H) at its midpoint age, and the weighted counts divided by
+    the weighted time, so a steady stream's rate is unbiased. Negative slice counts (a key
+    counted in a shorter window but not fully in a longer one, from bucket rounding) clip to 0."""
+    if not (horizon > 0 and math.isfinite(horizon)):
+        raise ValueError(f"rate horizon must be a positive number of seconds, got {horizon}")
+    weighted: dict[str, float] = {}
+    time_w = 0.0
+    prev_span, prev = 0.0, {}
+    for span, counts in windows:
+        if span <= prev_span:
+            raise ValueError("window spans must increase")
+        w = math.exp(-(prev_span + span) / 2.0 / horizon)
+        for k, c in counts.items():
+            slice_count = c - prev.get(k, 0.0)
+            if slice_count > 0:
+                weighted[k] = weighted.get(k, 0.0) + w * slice_count
+        time_w += w * (span - prev_span)
+        prev_span, prev = span, counts
+    return {k: v / time_w for k, v in weighted.items()} if time_w > 0 else {}

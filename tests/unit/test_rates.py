@@ -36,3 +36,17 @@ def test_seeded_history_and_bad_input():
             RateHistory(bad)
     with pytest.raises(ValueError):
         RateHistory(1.0).fold({}, -1.0)
+
+
+def test_nested_windows_weigh_older_slices_less():
+    from services.core.rates import nested_window_rates
+
+    # a steady 2 req/s key and a key that only sent in the oldest slice
+    windows = [(30.0, {"a": 60}), (60.0, {"a": 120}), (120.0, {"a": 240, "old": 60})]
+    r = nested_window_rates(windows, 60.0)
+    assert r["a"] == pytest.approx(2.0)
+    w = [math.exp(-15 / 60), math.exp(-45 / 60), math.exp(-90 / 60)]
+    assert r["old"] == pytest.approx(w[2] * 60 / (30 * w[0] + 30 * w[1] + 60 * w[2]))
+    assert nested_window_rates([], 10.0) == {}
+    with pytest.raises(ValueError):
+        nested_window_rates([(30.0, {}), (30.0, {})], 10.0)
