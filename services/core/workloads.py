@@ -196,8 +196,8 @@ def _keyed(name, prefix, suffix, qps, duration, seed, active_set, cv, keys, sigm
 
 
 # flagship prompt structure, calibrated once (docs/experiments.md, "Flagship calibration")
-FLAGSHIP_SHARED_TOKENS = 2048
-FLAGSHIP_CONTEXT_MEDIAN = 2048
+FLAGSHIP_SHARED_TOKENS = 1536
+FLAGSHIP_CONTEXT_MEDIAN = 512
 FLAGSHIP_CONTEXT_SIGMA = 0.5
 
 
