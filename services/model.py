@@ -156,6 +156,8 @@ def parse_replicas(text: str, *, need_address: bool = False) -> tuple[Replica, .
     if not out:
         raise ValueError("no replicas given (--replicas or CACHEROUTE_REPLICAS)")
     ids = [r.id for r in out]
-    if len(set(ids)) != len(ids) or not all(ids):
-        raise ValueError(f"replica ids must be distinct and non-empty: {text!r}")
+    if not all(ids):
+        raise ValueError(f"replica list has an empty replica id: {text!r}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"replica list repeats a replica id: {text!r}")
     return tuple(out)

@@ -21,8 +21,9 @@ from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services import codec
 from services.dispatcher.router import Router
 from services.errors import ServiceError
+from services.model import Mode
 from services.rpc import Backoff, TLSFiles, aio_channel, kv, stop_tasks
-from services.store import Mode, Store
+from services.store import Store
 
 log = logging.getLogger("cacheroute.dispatcher.plans")
 

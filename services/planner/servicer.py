@@ -13,10 +13,11 @@ from services import codec
 from services.core.plan import Plan
 from services.core.planning import plan_diff
 from services.errors import FailedPrecondition, InvalidArgument, NotFound
-from services.planner.control import BuildInputs, ControlLoop, build_candidate, decide, incremental_available
+from services.model import ControlState, Mode
+from services.planner.control import BuildInputs, ControlLoop, build_candidate, decide
 from services.planner.gate import Gate
 from services.planner.watch import WatchHub
-from services.store import ControlState, Mode, Store, summary_of
+from services.store import Store, summary_of
 
 _MODE_TO_PB = {Mode.PLANNED: common_pb2.MODE_PLANNED, Mode.FLAT: common_pb2.MODE_FLAT}
 _MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
@@ -118,8 +119,6 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         cfg, now = self.loop.config, self.clock()
         if request.shadow and self.gate is None:
             raise FailedPrecondition("the shadow gate is not available on this planner")
-        if request.incremental and not incremental_available():
-            raise FailedPrecondition("incremental re-planning is not available on this planner")
         if request.q_cap < 0 or not math.isfinite(request.q_cap):
             raise InvalidArgument("q_cap must be finite and > 0")
         if any(not rid for rid in request.replica_ids):
