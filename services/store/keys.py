@@ -1,36 +1,9 @@
-"""The key schema and the codecs of what the keys hold. The only code that knows Redis key
-names and hash-field layouts (docs/architecture.md, "Store and key schema", is the same table).
+"""The key schema and the codecs of what the keys hold: the only code that knows Redis key
+names and hash-field layouts.
 
-Key schema (prefix P, default "cr"; `{...}` is the Redis Cluster hash tag, so every Lua
-script or transaction touches keys of one slot):
-
-  telemetry, one slot per time bucket (idx = floor(time / bucket_seconds)):
-    P:{tb:IDX}:n            hash  routing key -> arrivals in the bucket
-    P:{tb:IDX}:pt           hash  routing key -> summed prompt tokens
-    P:{tb:IDX}:xt           hash  routing key -> summed reusable prefix tokens
-    P:{tb:IDX}:gaps         list  inter-arrival seconds (consecutive arrivals of one
-                                  reported batch), newest `gaps_per_bucket` kept
-    P:{tb:IDX}:log          list  JSON [key, time, prompt_tokens, prefix_tokens], newest
-                                  `log_per_bucket` kept (aggregates only, never content)
-    P:{tb:IDX}:seen:BATCH   string  idempotency marker of the batch's part in this bucket
-    P:{tb:IDX}:v            string  random token replaced by every write to the bucket (window
-                                  readers re-read a bucket only when it changed)
-  cache counters, one slot:
-    P:{cache}:b:IDX         hash  "replica|p|c|r" fields: prompt, cached tokens, requests
-    P:{cache}:total         hash  the same fields, since the start (bounded by replicas)
-    P:{cache}:seen:BATCH    string  idempotency marker
-  plans, one slot:
-    P:{plans}:seq           int   highest version number handed out or stored
-    P:{plans}:plan:V        string  the plan's JSON (services.codec), written once (SET NX)
-    P:{plans}:summary:V     string  the same plan without table and rates (for listings)
-    P:{plans}:index         zset  version -> version
-    P:{plans}:active        int   active version (absent: none)
-    P:{plans}:history       list  JSON activation records, newest first, capped
-    P:{plans}:mode          hash  mode ("planned" | "flat"), reason, at
-    P:{plans}:pinned        int   pinned version (absent: none)
-    P:{plans}:lease         hash  holder, token; expires after the lease TTL
-    P:{plans}:fence         int   fencing-token counter (never decreases)
-    P:{plans}:events        pub/sub channel: JSON PlanEvent on activation, rollback, mode
+The key schema (every key, its type and content; prefix `--key-prefix`, default "cr"; `{...}`
+is the Redis Cluster hash tag, so every script or transaction touches one slot) is written
+once, in docs/architecture.md, section "Store and key schema"; `Keys` builds the names.
 
 Cache-counter fields: one per replica and counter, "REPLICA|p" (prompt tokens), "REPLICA|c"
 (cached tokens), "REPLICA|r" (requests); so a replica id must not contain the separator
