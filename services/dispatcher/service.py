@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from cacheroute.v1 import dispatcher_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.plans import PlanFeed
 from services.dispatcher.router import Router
@@ -39,6 +40,7 @@ class DispatcherConfig:
     telemetry_capacity: int = 100_000
     plan_backoff_max: float = 5.0
     seed: int | None = None
+    budget: BudgetConfig = BudgetConfig()
 
 
 class RouterMetrics:
@@ -57,6 +59,9 @@ class RouterMetrics:
         yield GaugeMetricFamily("cacheroute_dispatcher_flat_mode", "1 in flat-fallback mode", int(r.flat))
         yield CounterMetricFamily("cacheroute_dispatcher_telemetry_dropped", "arrivals not delivered to the collector",
                                   r.telemetry_dropped)
+        yield CounterMetricFamily("cacheroute_dispatcher_telemetry_capped",
+                                  "Route/RouteBatch arrivals left out of telemetry: caller over its budget",
+                                  r.telemetry_capped)
         healthy = GaugeMetricFamily("cacheroute_dispatcher_replica_healthy", "1 if the replica is healthy", labels=["replica"])
         load = GaugeMetricFamily("cacheroute_dispatcher_replica_load", "load signal (engine queue + recent routes)",
                                  labels=["replica"])
@@ -97,7 +102,8 @@ class DispatcherService:
         await self.feed.start()
         metrics = RpcMetrics("dispatcher")
         metrics.registry.register(RouterMetrics(self.router))
-        servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id)
+        servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
+                                      budget=CallerBudget(self.config.budget))
         self.running = await start_server(self.config.server,
                                           [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
                                           [SERVICE], metrics=metrics)

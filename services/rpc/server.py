@@ -76,18 +76,22 @@ async def start_server(
     service_names: Iterable[str],
     *,
     protected_methods: Iterable[str] = (),
+    audited_methods: Iterable[str] = (),
     metrics: RpcMetrics | None = None,
 ) -> RunningServer:
     """Start an aio server with health, reflection, the interceptor and (optionally) metrics.
 
     `servicers` pairs generated `add_XServicer_to_server` functions with servicer objects;
     `service_names` are their full names (e.g. "cacheroute.v1.Planner");
-    `protected_methods` are method names that need the bearer token when one is configured.
+    `protected_methods` are method names that need the bearer token when one is configured;
+    every call of an `audited_methods` method, allowed or denied, leaves a `cacheroute.audit`
+    record (method, caller address, outcome; never the token).
     """
     metrics = metrics or RpcMetrics(config.name)
     names = tuple(service_names)
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(config.auth_token, frozenset(protected_methods), metrics)],
+        interceptors=[ServiceInterceptor(config.auth_token, frozenset(protected_methods), metrics,
+                                         frozenset(audited_methods))],
         options=channel_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=None,
     )
