@@ -60,6 +60,14 @@ COMPARE: dict[str, list[str]] = {
                   "--qps-grid", "20,40,60,80,100,120,160", "--slo-p99", "3.5", *SYNTH],
     "burst": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--policies", "flat,cacheroute",
               "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    # (d) with bursts correlated over seconds: a two-state MMPP with the same gap CV (1.9), mean
+    # dwell 10 s per state (below the 30 s control interval, far above a gap)
+    "burst-mmpp": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--knob", "burst_dwell=10",
+                   "--policies", "flat,cacheroute", "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    # (c) on the paper's model size (the derived 32B profile, one H100 per replica)
+    "low-reuse-32b": ["sim", "compare", "--profile", "qwen2.5-32b-fp8-h100", "--workload", "low-reuse",
+                      "--policies", "flat,cacheroute", "--qps-grid", "20,40,60,80,100,120,160", "--slo-p99", "3.5",
+                      *SYNTH],
     # traces: 8B profile, 8 replicas (docs/experiments.md, experiment f, says why)
     "mooncake-conversation": ["sim", "compare", "--trace", f"{MOONCAKE}/conversation_trace.first_half.jsonl",
                               "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", ALL_POLICIES,
