@@ -46,6 +46,14 @@ COMPARE: dict[str, list[str]] = {
     # calibrated once from Flat-LB's and Sticky's hit rates (experiments/flagship.py)
     "flagship": ["sim", "compare", "--workload", "flagship", "--policies", ALL_POLICIES,
                  "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
+    # the flagship above its first grid (every policy passed 200 there); q_cap fixed to the value
+    # the flagship sweep calibrated at its lowest point, so only the grid changes; merged into
+    # flagship/ by `experiments.run merge-grid flagship:flagship-high`
+    "flagship-high": ["sim", "compare", "--workload", "flagship", "--policies", ALL_POLICIES,
+                      "--qps-grid", "250,300,400", "--q-cap", "13.25", "--slo-p99", "3.5", *SYNTH],
+    "flagship-history-high": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
+                              "--rate-history", HISTORY, "--qps-grid", "250,300,400", "--q-cap", "13.25",
+                              "--slo-p99", "3.5", *SYNTH],
     # the same with the planner fed 30 min of aggregated per-key rates (EWMA horizon 30 min)
     "flagship-history": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
                          "--rate-history", HISTORY, "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
@@ -140,6 +148,23 @@ def merge_rows(stored: dict, fresh: dict, keep_old: str | None) -> dict:
     if keep_old:
         merged.update((f"{p}-{keep_old}", stored[p]) for p in fresh if p in stored)
     return merged
+
+
+def merge_grid(name: str, extra: str) -> int:
+    """Add experiment `extra`'s points (a higher grid, same settings) to `name`'s rows and recompute
+    each row's capacity over the union of grid points."""
+    from services.sim import report
+    from services.sim.runs import capacity_report
+
+    base, more = load(name) or {}, load(extra) or {}
+    for policy, row in more.items():
+        if policy not in base:
+            continue
+        points = {p["offered_qps"]: p for p in base[policy]["points"]}
+        points.update((p["offered_qps"], p) for p in row["points"])
+        base[policy] = capacity_report([points[q] for q in sorted(points)], base[policy]["slo_p99"])
+    report.write(base, os.path.join(RESULTS, name))
+    return 0
 
 
 def run(name: str) -> int:
@@ -335,7 +360,8 @@ def summarize() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="experiments.run", description=__doc__.splitlines()[0])
-    ap.add_argument("name", choices=(*EXPERIMENTS, "all", "summarize"))
+    ap.add_argument("name", choices=(*EXPERIMENTS, "all", "summarize", "merge-grid"))
+    ap.add_argument("extra", nargs="?", help="merge-grid: the experiment whose points to add")
     ap.add_argument("--print", action="store_true", help="print the cacheroute command instead of running it")
     ap.add_argument("--only", help="re-run these policies (comma-separated) and merge them into the stored results")
     ap.add_argument("--keep-old", metavar="TAG", help="with --only: keep each replaced row as <policy>-TAG")
@@ -343,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.name == "summarize":
         sys.stdout.write(summarize())
         return 0
+    if args.name == "merge-grid":
+        if not args.extra:
+            ap.error("merge-grid NAME EXTRA")
+        return merge_grid(args.extra.split(":")[0], args.extra.split(":")[1]) if ":" in args.extra else \
+            ap.error("merge-grid wants BASE:EXTRA, e.g. flagship:flagship-high")
     if args.keep_old and not args.only:
         ap.error("--keep-old needs --only")
     if args.only:

@@ -21,9 +21,9 @@ from experiments.run import COMPARE, RESULTS, load, load_path
 
 # name -> (policies, grid, QPS at which hit and p99 are quoted)
 SETS = {
-    "flagship": ("flat,chwbl,sglang,dualmap,cacheroute", "25,50,75,100,150,200", 100.0),
-    "flagship-k256": ("chwbl,sglang,dualmap,cacheroute", "150,200,250,300", 200.0),
-    "ablation": ("flat,cacheroute", "240,300,360,420,500", 240.0),
+    "flagship": ("flat,sglang,cacheroute", "200,250,300,400", 200.0),
+    "flagship-k256": ("sglang,dualmap,cacheroute", "200,250,300", 200.0),
+    "ablation": ("flat,cacheroute", "240,420,500", 240.0),
 }
 SEEDS = (1, 2)
 
@@ -40,10 +40,19 @@ def run(names: list[str]) -> int:
             argv = list(COMPARE[name])
             argv[argv.index("--policies") + 1] = policies
             argv[argv.index("--qps-grid") + 1] = grid
+            q_cap = _seed0_q_cap(name)          # calibrated once, on seed 0; every seed uses it
+            if q_cap is not None and "--q-cap" not in argv:
+                argv += ["--q-cap", f"{q_cap:g}"]
             rc = cli([*argv, "--seed", str(seed), "--out", os.path.relpath(out)])
             if rc:
                 return rc
     return 0
+
+
+def _seed0_q_cap(name: str) -> float | None:
+    stored = load(name) or {}
+    row = stored.get("cacheroute")
+    return row["points"][0].get("q_cap") if row and row["points"] else None
 
 
 def _stats(values: list[float]) -> str:
