@@ -14,7 +14,7 @@ from services.core.policy import NoHealthyReplica
 from services.core.request import BLOCK_TOKENS
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.router import Router
-from services.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 
 MODE = {False: common_pb2.MODE_PLANNED, True: common_pb2.MODE_FLAT}
 
@@ -159,7 +159,11 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
             pick = self._route(key, prompt_tokens, prefix_tokens)
             i = pick.replica
             decision = self._decision(pick, key)
-            call = self.monitor.engines[i].Generate(request, timeout=timeout)
+            engine = self.monitor.engines[i]
+            if engine is None:
+                raise FailedPrecondition(f"replica {self._ids[i]} is an HTTP engine: send this request to the "
+                                         "dispatcher's OpenAI HTTP API")
+            call = engine.Generate(request, timeout=timeout)
             self.router.stream_opened(i)
             first = True
             try:
