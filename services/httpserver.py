@@ -9,9 +9,14 @@ team with a long release history. Handlers are cancelled when their client disco
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from aiohttp import web
+
+from services.rpc import kv
+
+log = logging.getLogger("cacheroute.http")
 
 
 @dataclass
@@ -29,11 +34,14 @@ class RunningHttp:
 
 
 async def start_http(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 1.0) -> RunningHttp:
-    """Serve `app` on host:port (0: ephemeral); the bound port is in the result."""
+    """Serve `app` on host:port (0: ephemeral); the bound port is in the result and in the
+    "http serving" log line (field `url`), which `services.stack` reads like gRPC's "serving" line."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
     sockets = site._server.sockets if site._server is not None else ()   # noqa: SLF001 - the only way to read port 0
     bound = sockets[0].getsockname()[1] if sockets else port
-    return RunningHttp(runner, host, bound)
+    running = RunningHttp(runner, host, bound)
+    log.info("http serving", extra=kv(url=running.url))
+    return running

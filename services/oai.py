@@ -75,6 +75,7 @@ class ApiError(Exception):
         self.type = type_
         self.code = code
         self.param = param
+        self.headers: dict[str, str] = {}      # e.g. the routing decision of a request that failed upstream
 
     def body(self) -> bytes:
         return error_body(str(self), self.type, self.code, self.param)

@@ -136,7 +136,7 @@ class FrontDoor:
 
     @staticmethod
     def _error(exc: oai.ApiError) -> web.Response:
-        return web.Response(status=exc.status, body=exc.body(), content_type="application/json")
+        return web.Response(status=exc.status, body=exc.body(), content_type="application/json", headers=exc.headers)
 
     def _tenant(self, request: web.Request) -> str:
         try:
@@ -227,8 +227,13 @@ class FrontDoor:
                 return await self._generate(request, i, backend, key, req, headers)
             except _Retry as why:
                 if attempt == 1:
-                    raise oai.ApiError(502, f"replica {self.router.ids[i]}: {why}", "upstream_error",
-                                       "engine_unreachable") from None
+                    error = oai.ApiError(502, f"replica {self.router.ids[i]}: {why}", "upstream_error",
+                                         "engine_unreachable")
+                    error.headers = headers
+                    raise error from None
+            except oai.ApiError as error:
+                error.headers = headers
+                raise
             finally:
                 self.router.stream_closed(i)
         raise AssertionError("unreachable")
