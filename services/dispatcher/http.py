@@ -210,12 +210,14 @@ class FrontDoor:
         except ValueError as exc:
             raise oai.bad_request(f"routing key: {exc}", KEY_HEADER if header_key else None) from None
         prompt_tokens = routing.count_tokens(req.text)
+        now, avoid = time.time(), -1
         for attempt in range(2):
-            try:
-                pick = self.router.route(key, time.time(), prompt_tokens, 0)
+            try:   # the arrival counts as planner input once the engine answered (`_served`), as for Generate
+                pick = self.router.route(key, now, prompt_tokens, 0, report=False, avoid=avoid)
             except NoHealthyReplica:
                 raise oai.ApiError(503, "no healthy replica", "service_unavailable", "no_healthy_replica") from None
             i = pick.replica
+            served = (key, now, prompt_tokens)
             headers = {"x-cacheroute-replica": self.router.ids[i],
                        "x-cacheroute-plan-version": str(self.router.plan_version),
                        "x-cacheroute-reason": REASONS[pick.reason]}
@@ -223,9 +225,10 @@ class FrontDoor:
             self.router.stream_opened(i)
             try:
                 if backend.http:
-                    return await self._proxy(request, i, backend, path, req, doc, body, headers)
-                return await self._generate(request, i, backend, key, req, headers)
+                    return await self._proxy(request, i, backend, path, req, doc, body, headers, served)
+                return await self._generate(request, i, backend, key, req, headers, served)
             except _Retry as why:
+                avoid = i
                 if attempt == 1:
                     error = oai.ApiError(502, f"replica {self.router.ids[i]}: {why}", "upstream_error",
                                          "engine_unreachable")
@@ -245,7 +248,7 @@ class FrontDoor:
     # ------------------------------------------------------------ HTTP engines
 
     async def _proxy(self, request: web.Request, i: int, backend: Backend, path: str, req: oai.ApiRequest,
-                     doc: dict, body: bytes, headers: dict) -> web.StreamResponse:
+                     doc: dict, body: bytes, headers: dict, served: tuple) -> web.StreamResponse:
         rid = self.router.ids[i]
         strip = req.stream and not req.include_usage
         if strip:
@@ -270,12 +273,12 @@ class FrontDoor:
             raise oai.ApiError(502, f"replica {rid} failed: {type(exc).__name__}", "upstream_error",
                                "engine_error") from None
         try:
-            return await self._relay(request, i, upstream, req, strip, headers)
+            return await self._relay(request, i, upstream, req, strip, headers, served)
         finally:
             await up_cm.__aexit__(None, None, None)
 
     async def _relay(self, request: web.Request, i: int, upstream: aiohttp.ClientResponse, req: oai.ApiRequest,
-                     strip: bool, headers: dict) -> web.StreamResponse:
+                     strip: bool, headers: dict, served: tuple) -> web.StreamResponse:
         rid, status = self.router.ids[i], upstream.status
         ctype = upstream.headers.get("content-type", "application/json")
         if status >= 500:
@@ -285,6 +288,8 @@ class FrontDoor:
                 pass
             self._eject(i, f"answered {status}")
             raise oai.ApiError(502, f"replica {rid} answered HTTP {status}", "upstream_error", "engine_error")
+        if status == 200:
+            self.router.record_arrival(*served)
         if not req.stream or status != 200 or not ctype.startswith("text/event-stream"):
             try:
                 data = await upstream.read()
@@ -374,7 +379,7 @@ class FrontDoor:
     # ------------------------------------------------------------ the gRPC engine
 
     async def _generate(self, request: web.Request, i: int, backend, key: str, req: oai.ApiRequest,
-                        headers: dict) -> web.StreamResponse:
+                        headers: dict, served: tuple) -> web.StreamResponse:
         rid = self.router.ids[i]
         message = engine_pb2.GenerateRequest(prompt=req.text, max_tokens=req.max_tokens or DEFAULT_MAX_TOKENS, key=key)
         call = backend.engine.Generate(message, timeout=self.config.upstream_timeout)
