@@ -379,8 +379,10 @@ class Stack:
 
     def _engine(self, i: int) -> Child:
         cfg = self.config
-        args = ["--replica-id", f"engine-{i}", "--profile", cfg.profile, "--time-scale", f"{cfg.time_scale:g}",
-                "--collector", self.collector]
+        args = ["--replica-id", f"engine-{i}", "--profile", cfg.profile, "--time-scale", f"{cfg.time_scale:g}"]
+        if cfg.engine_kind == "cacheroute":
+            # over HTTP the dispatchers report cache stats from the responses; the engine must not as well
+            args += ["--collector", self.collector]
         if cfg.kv_blocks:
             args += ["--kv-blocks", str(cfg.kv_blocks)]
         if cfg.http:
