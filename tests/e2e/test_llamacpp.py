@@ -32,10 +32,10 @@ import pytest
 
 from services.auth import KeyRing
 from services.core.planning import build_plan
-from services.dispatcher.__main__ import DispatcherConfig, serve
+from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.http import HttpConfig
 from services.dispatcher.keys import request_key
-from services.dispatcher.router import parse_replicas
+from services.model import parse_replicas
 from services.engine.llamacpp import smollm2_gguf
 from services.oai import chat_text
 from services.rpc import ServerConfig

@@ -12,10 +12,10 @@ import openai
 import pytest
 
 from services.auth import KeyRing
-from services.dispatcher.__main__ import DispatcherConfig, serve
+from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.http import HttpConfig
 from services.dispatcher.keys import request_key
-from services.dispatcher.router import parse_replicas
+from services.model import parse_replicas
 from services.engine.fleet import EngineFleet
 from services.oai import chat_text
 from services.rpc import ServerConfig

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from services.auth import KeyRing
-from services.dispatcher.__main__ import DispatcherConfig, DispatcherService
+from services.dispatcher.service import DispatcherConfig, DispatcherService
 from services.dispatcher.http import HttpConfig
-from services.dispatcher.router import parse_replicas
-from services.engine.__main__ import EngineConfig, EngineService
+from services.model import parse_replicas
+from services.engine.service import EngineConfig, EngineService
 from services.rpc import ServerConfig
 
 LIMIT = 64 * 1024
