@@ -15,6 +15,20 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
+def lab_module(name: str, *, optional: bool = False):
+    """A module of the `lab` extra (matplotlib, tqdm): a one-line CliError when it is not
+    installed, or None when `optional` (the command then does without it)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name.split(".")[0]:
+            raise
+        if optional:
+            return None
+        raise CliError(f"{name} is not installed: this command needs the lab extra "
+                       "(pip install 'cacheroute[lab]')") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cacheroute", description="Planned prefix-affinity routing for LLM serving.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -37,7 +37,7 @@ import grpc
 import orjson
 
 from cacheroute.v1 import common_pb2
-from clients.cli import CliError
+from clients.cli import CliError, lab_module
 from clients.client import AsyncCacheRouteClient
 from clients.loadgen import Outcome, drive, relabel, spread_clients, summarize, window
 from services.core.request import Request
@@ -297,11 +297,10 @@ class Demo:
 
     async def _drive(self, clients, requests: list[Request], label: str) -> list[Outcome]:
         bar = None
-        if self.progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(requests), desc=label, unit="req", file=sys.stderr, leave=True, dynamic_ncols=True,
-                       mininterval=0.5, disable=None)   # None: only on a terminal
+        tqdm = lab_module("tqdm", optional=True) if self.progress else None
+        if tqdm is not None:
+            bar = tqdm.tqdm(total=len(requests), desc=label, unit="req", file=sys.stderr, leave=True, dynamic_ncols=True,
+                            mininterval=0.5, disable=None)   # None: only on a terminal
         stats = {"cached": 0, "prompt": 0, "errors": 0}
 
         def on_result(o: Outcome) -> None:

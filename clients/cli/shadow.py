@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_shadow(args: argparse.Namespace) -> int:
     from services.core.engine import get_profile
-    from services.core.shadow import ShadowConfig, latest, shadow_replay, validated_range
+    from services.core.shadow import ShadowConfig, latest, validated_range
+    from services.sim.replay import shadow_replay
 
     try:
         profile = get_profile(args.profile)
