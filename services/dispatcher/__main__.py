@@ -8,12 +8,12 @@ Environment variables (flags override them):
   CACHEROUTE_DISPATCHER_ID (dispatcher-0)   source id in telemetry and status
   CACHEROUTE_KEY_BLOCKS (4)                 key = chained hash of the first N prefix blocks
   CACHEROUTE_KEY_TOKENS (64)                key = hash of the first N prompt tokens
-  CACHEROUTE_COLD_TAIL (policy default)     cold-tail policy: p2c (power of two choices) or chwbl
+  CACHEROUTE_COLD_TAIL (chwbl)              cold-tail policy: p2c (power of two choices) or chwbl
                                             (session-aware: bounded-load consistent hashing on the key,
                                             so every dispatcher with the same --replicas list sends a
                                             cold key to the same replica while loads are balanced);
-                                            default: the cacheroute policy's, as in the simulator
-                                            (CACHEROUTE_COLD is read when CACHEROUTE_COLD_TAIL is unset)
+                                            default chwbl (services.model.DEFAULT_COLD_TAIL, as in the
+                                            simulator; CACHEROUTE_COLD is read when CACHEROUTE_COLD_TAIL is unset)
   CACHEROUTE_POLL_INTERVAL (0.25)           replica health/stats poll period, seconds
   CACHEROUTE_POLL_TIMEOUT (0.2)             deadline of each poll RPC, seconds
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
