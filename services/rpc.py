@@ -9,8 +9,8 @@ Prometheus metrics on an HTTP port, and graceful shutdown (health NOT_SERVING, t
 Environment variables (flags override them; documented defaults in parentheses):
   CACHEROUTE_HOST (127.0.0.1)            address to bind
   CACHEROUTE_METRICS_HOST (127.0.0.1)    Prometheus HTTP bind address
-  CACHEROUTE_AUTH_TOKEN / _FILE          bearer token required on control and telemetry-write RPCs,
-                                         and sent by the services that call them (none)
+  CACHEROUTE_AUTH_TOKEN / _FILE          bearer token required on control, telemetry and data-plane
+                                         RPCs, and sent by the services that call them (none)
   CACHEROUTE_TLS_CERT, _TLS_KEY          server certificate and key (PEM files; plaintext if unset)
   CACHEROUTE_TLS_CLIENT_CA               require client certificates signed by this CA (mTLS)
   CACHEROUTE_TLS_CA                      CA that clients use to verify servers
@@ -317,11 +317,14 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     audit record for every call of an audited method."""
 
     def __init__(self, auth_token: str | None, protected: frozenset[str], metrics: "RpcMetrics",
-                 audited: frozenset[str] = frozenset()) -> None:
+                 audited: frozenset[str] = frozenset(), keyring: Any = None,
+                 keyring_methods: frozenset[str] = frozenset()) -> None:
         self.auth_token = auth_token
         self.protected = protected
         self.metrics = metrics
         self.audited = audited
+        self.keyring = keyring                  # services.auth.KeyRing for the data-plane methods
+        self.keyring_methods = keyring_methods
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -336,7 +339,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         return _wrap(handler, method, denial, self.metrics, credential)
 
     def _check_auth(self, method: str, metadata) -> tuple[grpc.StatusCode, str] | None:
-        if not self.auth_token or method.rsplit("/", 1)[-1] not in self.protected:
+        short = method.rsplit("/", 1)[-1]
+        if short in self.keyring_methods:
+            return _check_key(self.keyring, metadata)
+        if not self.auth_token or short not in self.protected:
             return None
         token = _bearer(metadata)
         if token is None:
@@ -344,6 +350,24 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if not hmac.compare_digest(token.encode(), self.auth_token.encode()):
             return grpc.StatusCode.PERMISSION_DENIED, "invalid bearer token"
         return None
+
+
+def _check_key(keyring: Any, metadata) -> tuple[grpc.StatusCode, str] | None:
+    """A data-plane call against the key ring (API keys and the deployment token): None if
+    accepted or nothing is required; UNAUTHENTICATED without a key, PERMISSION_DENIED with a
+    wrong one or a non-Bearer scheme."""
+    if keyring is None or not keyring.enabled:
+        return None
+    from services.auth import AuthError
+
+    presented = _bearer(metadata)
+    if presented == "":
+        return grpc.StatusCode.PERMISSION_DENIED, "authorization is not a Bearer credential"
+    try:
+        keyring.tenant_of(presented)
+    except AuthError as exc:
+        return (grpc.StatusCode.UNAUTHENTICATED if exc.missing else grpc.StatusCode.PERMISSION_DENIED), str(exc)
+    return None
 
 
 class _Malformed:
@@ -531,6 +555,8 @@ async def start_server(
     *,
     protected_methods: Iterable[str] = (),
     audited_methods: Iterable[str] = (),
+    keyring: Any = None,
+    keyring_methods: Iterable[str] = (),
     metrics: RpcMetrics | None = None,
 ) -> RunningServer:
     """Start an aio server with health, reflection, the interceptor and (optionally) metrics.
@@ -539,13 +565,15 @@ async def start_server(
     `service_names` are their full names (e.g. "cacheroute.v1.Planner");
     `protected_methods` are method names that need the bearer token when one is configured;
     every call of an `audited_methods` method, allowed or denied, leaves a `cacheroute.audit`
-    record (method, caller address, outcome; never the token).
+    record (method, caller address, outcome; never the token); `keyring_methods` need a key
+    accepted by `keyring` (services.auth.KeyRing: API keys and the deployment token) when it
+    has any (the data plane).
     """
     metrics = metrics or RpcMetrics(config.name)
     names = tuple(service_names)
     server = grpc.aio.server(
         interceptors=[ServiceInterceptor(config.auth_token, frozenset(protected_methods), metrics,
-                                         frozenset(audited_methods))],
+                                         frozenset(audited_methods), keyring, frozenset(keyring_methods))],
         options=channel_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=None,
     )
@@ -570,7 +598,8 @@ async def start_server(
         running.metrics_port = httpd.server_port
     await running.set_serving(True)
     log.info("serving", extra=kv(address=running.address, metrics_port=running.metrics_port,
-                                 tls=config.tls.server_enabled, auth=bool(config.auth_token)))
+                                 tls=config.tls.server_enabled, auth=bool(config.auth_token),
+                                 data_plane_keys=bool(keyring is not None and keyring.enabled)))
     return running
 
 

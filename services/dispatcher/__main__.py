@@ -22,7 +22,10 @@ Environment variables (flags override them):
   CACHEROUTE_CALLER_TELEMETRY_RATE (100)    Route/RouteBatch arrivals per second one caller (tenant, else
                                             peer host) may add to the planner's input; 0 = no bound
                                             (services/dispatcher/budget.py). Generate arrivals count once served.
-  CACHEROUTE_CALLER_TELEMETRY_BURST (1000)  that budget's bucket size
+  CACHEROUTE_CALLER_TELEMETRY_BURST (200)   that budget's bucket size
+  CACHEROUTE_API_KEY / CACHEROUTE_API_KEY_FILE  accepted data-plane keys (key[:tenant] lines; services/auth.py).
+                                            With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
+                                            Route, RouteBatch and Generate require one of them; GetStatus stays open.
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
 """
 
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 from cacheroute.v1 import dispatcher_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.auth import KeyRing, keyring
 from services.core.policies.cacheroute import COLD_TAILS, CacheRoutePolicy
 from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.monitor import ReplicaMonitor
@@ -59,6 +63,7 @@ from services.rpc import (
 
 log = logging.getLogger("cacheroute.dispatcher")
 SERVICE = "cacheroute.v1.Dispatcher"
+DATA_PLANE = frozenset({"Route", "RouteBatch", "Generate"})   # need an accepted key when any is configured
 # the live default is the simulator's: whatever the cacheroute policy defaults to
 DEFAULT_COLD_TAIL: str = inspect.signature(CacheRoutePolicy).parameters["cold"].default
 
@@ -80,6 +85,7 @@ class DispatcherConfig:
     plan_backoff_max: float = 5.0
     seed: int | None = None
     budget: BudgetConfig = BudgetConfig()
+    keyring: KeyRing = KeyRing()
 
 
 class RouterMetrics:
@@ -109,6 +115,15 @@ class RouterMetrics:
             load.add_metric([rid], r.state.in_flight[i])
         yield healthy
         yield load
+
+
+def data_plane_keys(config: DispatcherConfig) -> KeyRing:
+    """The configured keys plus the deployment token (empty tenant): a deployment with a token
+    never has an open data plane, however its config was built."""
+    keys = dict(config.keyring.keys)
+    if config.server.auth_token:
+        keys[config.server.auth_token] = ""
+    return KeyRing(keys)
 
 
 class DispatcherService:
@@ -142,11 +157,12 @@ class DispatcherService:
         await self.feed.start()
         metrics = RpcMetrics("dispatcher")
         metrics.registry.register(RouterMetrics(self.router))
+        ring = data_plane_keys(self.config)
         servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
-                                      budget=CallerBudget(self.config.budget))
+                                      budget=CallerBudget(self.config.budget), keyring=ring)
         self.running = await start_server(self.config.server,
                                           [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
-                                          [SERVICE], metrics=metrics)
+                                          [SERVICE], keyring=ring, keyring_methods=DATA_PLANE, metrics=metrics)
         if self.reporter is not None:
             self.reporter.start()
         log.info("dispatcher ready", extra=kv(id=self.config.dispatcher_id, replicas=len(self.router.ids),
@@ -192,8 +208,11 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--caller-telemetry-rate", type=float, default=env_number("CALLER_TELEMETRY_RATE", "100", float),
                    help="Route/RouteBatch arrivals/s one caller may add to the planner's input, 0 = unbounded "
                         "(env CACHEROUTE_CALLER_TELEMETRY_RATE, default 100)")
-    g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "1000", float),
-                   help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 1000)")
+    g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "200", float),
+                   help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 200)")
+    g.add_argument("--api-key", default=env("API_KEY") or None, help="accepted API key (env CACHEROUTE_API_KEY)")
+    g.add_argument("--api-key-file", default=env("API_KEY_FILE") or None,
+                   help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
     args = parser.parse_args(argv)
     try:
         replicas = parse_replicas(args.replicas or "")
@@ -207,13 +226,18 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst)
     except ValueError as exc:
         parser.error(str(exc))
+    server = server_config("dispatcher", args)
+    try:
+        ring = keyring(args.api_key, args.api_key_file, server.auth_token)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--api-key-file: {exc}")
     return DispatcherConfig(
-        server=server_config("dispatcher", args), replicas=replicas, dispatcher_id=args.dispatcher_id,
+        server=server, replicas=replicas, dispatcher_id=args.dispatcher_id,
         planner=args.planner, redis_url=args.redis, collector=args.collector,
         rules=KeyRules(blocks=args.key_blocks, tokens=args.key_tokens, max_batch=args.max_batch),
         cold=args.cold, poll_interval=args.poll_interval, poll_timeout=args.poll_timeout,
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity, seed=args.seed,
-        budget=budget)
+        budget=budget, keyring=ring)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -214,7 +214,7 @@ def test_dispatcher_and_engine_with_the_token_get_their_telemetry_counted(redis_
         store = RedisStore(redis_url, telemetry=TELEMETRY)
         out = {}
         try:
-            async with AsyncCacheRouteClient(dispatchers["token"].address) as client:
+            async with AsyncCacheRouteClient(dispatchers["token"].address, token=TOKEN) as client:   # data plane too
                 for key in ("a", "b", "c"):
                     await client.route(key)
                 out["chunks"] = [c async for c in client.generate("counted", max_tokens=2, timeout=10)]
