@@ -9,9 +9,10 @@ Environment variables (flags override them):
   CACHEROUTE_COLLECTOR_QUEUE (64)                  batches queued between streams and Redis writers
   CACHEROUTE_COLLECTOR_WRITERS (2)                 concurrent Redis writers
   CACHEROUTE_COLLECTOR_COALESCE (16)               queued batches merged into one round trip
-With a bearer token configured (CACHEROUTE_AUTH_TOKEN / --auth-token-file) the telemetry
-writes, ReportArrivals and ReportCacheStats, require it; GetRates stays open. Dispatchers and
-engines configured with the same token send it.
+  CACHEROUTE_MAX_RATES (10000)                     keys one GetRates answer carries at most (hottest first)
+With a bearer token configured (CACHEROUTE_AUTH_TOKEN / --auth-token-file) every collector RPC
+requires it: the telemetry writes, ReportArrivals and ReportCacheStats, and the GetRates read.
+Dispatchers and engines configured with the same token send it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from services.store import (
 
 log = logging.getLogger("cacheroute.collector")
 SERVICE = "cacheroute.v1.Collector"
-PROTECTED = frozenset({"ReportArrivals", "ReportCacheStats"})   # with a token: forged telemetry skews plans
+# with a token: forged telemetry skews plans; GetRates is a costly read of every tenant's keys
+PROTECTED = frozenset({"ReportArrivals", "ReportCacheStats", "GetRates"})
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class CollectorConfig:
     queue_size: int = 64
     writers: int = 2
     coalesce: int = 16
+    max_rates: int = 10_000
     clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
 
 
@@ -96,7 +99,8 @@ class CollectorService:
     async def start(self) -> "CollectorService":
         self.ingestor.start()
         servicer = CollectorServicer(self.ingestor, self.store, window_seconds=self.config.window_seconds,
-                                     clock=self.config.clock)
+                                     clock=self.config.clock, max_rates=self.config.max_rates,
+                                     max_message_bytes=self.config.server.max_message_bytes)
         self.running = await start_server(self.config.server,
                                           [(collector_pb2_grpc.add_CollectorServicer_to_server, servicer)],
                                           [SERVICE], protected_methods=PROTECTED, metrics=self.metrics)
@@ -129,13 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Redis writer tasks (env CACHEROUTE_COLLECTOR_WRITERS, default 2)")
     p.add_argument("--coalesce", type=int, default=env_number("COLLECTOR_COALESCE", "16", int),
                    help="batches per round trip (env CACHEROUTE_COLLECTOR_COALESCE, default 16)")
+    p.add_argument("--max-rates", type=int, default=env_number("MAX_RATES", "10000", int),
+                   help="keys per GetRates answer at most (env CACHEROUTE_MAX_RATES, default 10000)")
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> CollectorConfig:
     return CollectorConfig(server=server_config("collector", args), redis_url=args.redis, key_prefix=args.key_prefix,
                            telemetry=telemetry_from_args(args), window_seconds=args.window,
-                           queue_size=args.queue_size, writers=args.writers, coalesce=args.coalesce)
+                           queue_size=args.queue_size, writers=args.writers, coalesce=args.coalesce,
+                           max_rates=args.max_rates)
 
 
 def main(argv: list[str] | None = None) -> int:
