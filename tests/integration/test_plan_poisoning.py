@@ -16,11 +16,11 @@ import grpc
 
 from cacheroute.v1 import dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2, planner_pb2 as pb, planner_pb2_grpc
 from services.auth import KeyRing
-from services.collector.__main__ import CollectorConfig, CollectorService
-from services.dispatcher.__main__ import DispatcherConfig, DispatcherService
-from services.dispatcher.router import parse_replicas
+from services.collector.service import CollectorConfig, CollectorService
+from services.dispatcher.service import DispatcherConfig, DispatcherService
+from services.model import parse_replicas
 from services.engine.fleet import EngineFleet
-from services.planner.__main__ import PlannerConfig, PlannerService
+from services.planner.service import PlannerConfig, PlannerService
 from services.planner.control import LoopConfig
 from services.rpc import ServerConfig
 from services.store import RedisStore, TelemetryConfig
