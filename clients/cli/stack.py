@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, planner_pb2, planner_pb2_grpc
 from clients.cli import CliError, add_address_flags
 from clients.client import CacheRouteClient, RetryPolicy
+from services.rpc import env, read_secret
 
 
 def _print(doc: Any) -> None:
@@ -51,7 +52,8 @@ def add_route(sub: argparse._SubParsersAction) -> None:
 def run_route(args: argparse.Namespace) -> int:
     if (args.key is None) == (args.prompt is None):
         raise CliError("give a KEY or --prompt TEXT")
-    with CacheRouteClient(args.dispatchers, timeout=args.timeout, retry=RetryPolicy(rounds=2)) as client:
+    key = env("API_KEY") or read_secret(env("AUTH_TOKEN") or None, env("AUTH_TOKEN_FILE") or None)
+    with CacheRouteClient(args.dispatchers, api_key=key, timeout=args.timeout, retry=RetryPolicy(rounds=2)) as client:
         try:
             decision = client.route(args.key, prompt=args.prompt)
         except grpc.RpcError as err:
