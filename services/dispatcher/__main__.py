@@ -8,12 +8,12 @@ Environment variables (flags override them):
   CACHEROUTE_DISPATCHER_ID (dispatcher-0)   source id in telemetry and status
   CACHEROUTE_KEY_BLOCKS (4)                 key = chained hash of the first N prefix blocks
   CACHEROUTE_KEY_TOKENS (64)                key = hash of the first N prompt tokens
-  CACHEROUTE_COLD_TAIL (policy default)     cold-tail policy: p2c (power of two choices) or chwbl
+  CACHEROUTE_COLD_TAIL (chwbl)              cold-tail policy: p2c (power of two choices) or chwbl
                                             (session-aware: bounded-load consistent hashing on the key,
                                             so every dispatcher with the same --replicas list sends a
                                             cold key to the same replica while loads are balanced);
-                                            default: the cacheroute policy's, as in the simulator
-                                            (CACHEROUTE_COLD is read when CACHEROUTE_COLD_TAIL is unset)
+                                            default chwbl (services.model.DEFAULT_COLD_TAIL, as in the
+                                            simulator; CACHEROUTE_COLD is read when CACHEROUTE_COLD_TAIL is unset)
   CACHEROUTE_POLL_INTERVAL (0.25)           replica health/stats poll period, seconds
   CACHEROUTE_POLL_TIMEOUT (0.2)             deadline of each poll RPC, seconds
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
@@ -22,16 +22,17 @@ Environment variables (flags override them):
   CACHEROUTE_CALLER_TELEMETRY_RATE (100)    Route/RouteBatch arrivals per second one caller (tenant, else
                                             peer host) may add to the planner's input; 0 = no bound
                                             (services/dispatcher/budget.py). Generate arrivals count once served.
-  CACHEROUTE_CALLER_TELEMETRY_BURST (1000)  that budget's bucket size
+  CACHEROUTE_CALLER_TELEMETRY_BURST (200)   that budget's bucket size
+  CACHEROUTE_API_KEY / CACHEROUTE_API_KEY_FILE  accepted data-plane keys (key[:tenant] lines; services/auth.py).
+                                            With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
+                                            Route, RouteBatch and Generate require one of them; GetStatus stays open.
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
   CACHEROUTE_ENGINE_KIND (cacheroute)       kind of replicas given without KIND+ (services/backends):
                                             cacheroute (gRPC engine), vllm, sglang, llamacpp, openai;
                                             per replica: id=KIND+URL (e.g. e1=vllm+http://10.0.0.5:8000)
 OpenAI HTTP API (services/dispatcher/http.py):
-  CACHEROUTE_HTTP_PORT (8080)               port, -1 off, 0 ephemeral (host: --host)
-  CACHEROUTE_API_KEY / CACHEROUTE_API_KEY_FILE
-                                            accepted API keys (file: key[:tenant] lines; services/auth.py);
-                                            the deployment token CACHEROUTE_AUTH_TOKEN is accepted too
+  CACHEROUTE_HTTP_PORT (8080)               port, -1 off, 0 ephemeral (host: --host); it accepts the same
+                                            keys as the gRPC data plane (CACHEROUTE_API_KEY above)
   CACHEROUTE_HTTP_MAX_BODY_BYTES (8388608)  larger request bodies are 413
   CACHEROUTE_MAX_OUTPUT_TOKENS (32768)      larger max_tokens is 400
   CACHEROUTE_UPSTREAM_TIMEOUT (600)         seconds without a byte from the engine -> 504
@@ -76,16 +77,16 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--caller-telemetry-rate", type=float, default=env_number("CALLER_TELEMETRY_RATE", "100", float),
                    help="Route/RouteBatch arrivals/s one caller may add to the planner's input, 0 = unbounded "
                         "(env CACHEROUTE_CALLER_TELEMETRY_RATE, default 100)")
-    g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "1000", float),
-                   help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 1000)")
+    g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "200", float),
+                   help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 200)")
+    g.add_argument("--api-key", default=env("API_KEY") or None, help="accepted API key (env CACHEROUTE_API_KEY)")
+    g.add_argument("--api-key-file", default=env("API_KEY_FILE") or None,
+                   help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
     g.add_argument("--engine-kind", default=env("ENGINE_KIND", "cacheroute"), choices=KINDS,
                    help="kind of replicas given without KIND+ (env CACHEROUTE_ENGINE_KIND, default cacheroute)")
     h = parser.add_argument_group("OpenAI HTTP API")
     h.add_argument("--http-port", type=int, default=env_number("HTTP_PORT", "8080", int),
                    help="-1 = off, 0 = ephemeral (env CACHEROUTE_HTTP_PORT, default 8080)")
-    h.add_argument("--api-key", default=env("API_KEY") or None, help="accepted API key (env CACHEROUTE_API_KEY)")
-    h.add_argument("--api-key-file", default=env("API_KEY_FILE") or None,
-                   help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
     h.add_argument("--http-max-body-bytes", type=int, default=env_number("HTTP_MAX_BODY_BYTES", str(8 * 1024 * 1024), int))
     h.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "32768", int))
     h.add_argument("--upstream-timeout", type=float, default=env_number("UPSTREAM_TIMEOUT", "600", float))

@@ -24,6 +24,7 @@ from services.store import RedisStore
 
 log = logging.getLogger("cacheroute.dispatcher")
 SERVICE = "cacheroute.v1.Dispatcher"
+DATA_PLANE = frozenset({"Route", "RouteBatch", "Generate"})   # need an accepted key when any is configured
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class DispatcherConfig:
     budget: BudgetConfig = BudgetConfig()
     engine_kind: str = "cacheroute"       # kind of replicas given without KIND+ (services.backends)
     http: HttpConfig = HttpConfig()       # the OpenAI HTTP API (port -1: off)
-    keyring: KeyRing = KeyRing()          # accepted data-plane keys (services.auth)
+    keyring: KeyRing = KeyRing()          # data-plane API keys (services/auth.py); the token is added
 
 
 class RouterMetrics:
@@ -122,13 +123,14 @@ class DispatcherService:
         await self.feed.start()
         metrics = RpcMetrics("dispatcher")
         metrics.registry.register(RouterMetrics(self.router))
+        ring = data_plane_keys(self.config)
         servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
-                                      budget=CallerBudget(self.config.budget))
+                                      budget=CallerBudget(self.config.budget), keyring=ring)
         self.running = await start_server(self.config.server,
                                           [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
-                                          [SERVICE], metrics=metrics)
+                                          [SERVICE], keyring=ring, keyring_methods=DATA_PLANE, metrics=metrics)
         if self.config.http.port >= 0:
-            self.http = await HttpApi(self.router, self.monitor, self.config.http, data_plane_keys(self.config),
+            self.http = await HttpApi(self.router, self.monitor, self.config.http, ring,
                                       collector=self.config.collector, source=self.config.dispatcher_id,
                                       tls=self.config.server.tls, token=self.config.server.auth_token,
                                       registry=metrics.registry).start()
