@@ -285,16 +285,12 @@ class Demo:
         self.notes: list[str] = []
 
     async def run(self, runs: dict[str, list[Request]]) -> dict[str, Any]:
-<<<<<<< HEAD
         if self.http_urls:
             from clients.httpload import http_clients
 
             clients = http_clients(self.http_urls, token=self.token)
         else:
-            clients = spread_clients(self.dispatchers)
-=======
-        clients = spread_clients(self.dispatchers, token=self.token)
->>>>>>> main
+            clients = spread_clients(self.dispatchers, token=self.token)
         control = AsyncCacheRouteClient(self.dispatchers, planner=self.planner, token=self.token, timeout=5.0)
         try:
             status = await control.planner_status()
