@@ -128,7 +128,9 @@ class RedisClusterProcess:
                 "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
                 "--cluster-node-timeout", str(self.node_timeout_ms),
                 # a replica may always be promoted, however long it was cut off (tests kill masters)
-                "--cluster-replica-validity-factor", "0"]
+                "--cluster-replica-validity-factor", "0",
+                # replicas sync at once (the default waits 5 s for more replicas to join)
+                "--repl-diskless-sync-delay", "0"]
         with open(node_dir / "redis.log", "ab") as log:
             return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
@@ -218,8 +220,17 @@ class RedisClusterProcess:
         master = next((r for r in rows if r["port"] == port), None)
         return [r["port"] for r in rows if master is not None and r["master"] == master["id"]]
 
+    def _online_replicas(self, port: int) -> int:
+        """Replicas whose replication link to this master is up (INFO replication)."""
+        try:
+            info = _send(self.host, port, "INFO", "replication").decode()
+        except OSError:
+            return 0
+        return sum(1 for line in info.splitlines() if line.startswith("slave") and "state=online" in line)
+
     def wait_healthy(self, timeout: float = 15.0) -> None:
-        """Until every live node says cluster_state:ok and every master has its replicas."""
+        """Until every live node says cluster_state:ok, the masters cover every slot and each
+        master's replicas are in sync (so WAIT can be acknowledged)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ok = True
@@ -235,7 +246,9 @@ class RedisClusterProcess:
                 rows = [r for r in self.cluster_nodes() if not r["failed"]]
                 masters = [r for r in rows if r["role"] == "master" and r["slots"]]
                 covered = sum(hi - lo + 1 for r in masters for lo, hi in r["slots"])
-                if covered == 16384 and len(masters) == self.masters:
+                replicas = {m["id"]: [r for r in rows if r["master"] == m["id"]] for m in masters}
+                if covered == 16384 and len(masters) == self.masters and all(
+                        self._online_replicas(m["port"]) >= len(replicas[m["id"]]) for m in masters):
                     return
             time.sleep(0.05)
         raise RedisUnavailable("cluster did not reach cluster_state:ok")
