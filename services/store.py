@@ -354,21 +354,42 @@ def _window_buckets(now: float, window_seconds: float, cfg: TelemetryConfig) -> 
 
 
 def _snapshot(first: int, last: int, start: float, now: float, totals: dict[str, list[int]]) -> RatesSnapshot:
+    values = list(totals.values())
+    big = any(max(v) >= _BucketCache.LIMIT for v in values) if values else False
+    acc = np.array(values, dtype=object if big else np.int64).reshape(len(values), 3)
+    return _snapshot_columns(first, last, start, now, [k.encode() for k in totals], acc)
+
+
+def _snapshot_columns(first: int, last: int, start: float, now: float, keys: list[bytes],
+                      acc: np.ndarray) -> RatesSnapshot:
+    """The snapshot of per-key (n, prompt, prefix) sums, `acc[i]` for `keys[i]`: keys with
+    arrivals, hottest first, ties by key (bytewise, i.e. code-point order). Sorting and
+    dividing are numpy (a million-key window); the id hashes the ranked keys and counts."""
     span = max(now - start, 1e-9)
-    ranked = sorted(totals.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    ranked = [(k, v) for k, v in ranked if v[0] > 0]
+    n = acc[:, 0]
+    live = np.flatnonzero(n > 0)
+    live_keys = [keys[i] for i in live.tolist()]
+    plain = b"\0" not in b"".join(live_keys)
+    if acc.dtype != object and plain:
+        order = live[np.lexsort((np.array(live_keys, dtype=bytes), -n[live]))] if live_keys else live
+    else:   # counts past int64, or keys numpy's fixed-width bytes would truncate: plain Python
+        order = np.array(sorted(live.tolist(), key=lambda i: (-int(n[i]), keys[i])), dtype=np.int64)
+    ranked = [keys[i] for i in order.tolist()]
+    counts = n[order]
     digest = hashlib.blake2b(digest_size=6)
-    for k, (n, _, _) in ranked:
-        digest.update(k.encode())
-        digest.update(b"\0%d\0" % n)
+    digest.update(b"\0".join(ranked))
+    digest.update(b"\1")
+    digest.update(counts.tobytes() if counts.dtype != object else ",".join(map(str, counts.tolist())).encode())
+    rows = acc[order]
+    nf = counts.astype(np.float64)
     return RatesSnapshot(
         snapshot_id=f"b{first}-{last}-{digest.hexdigest()}",
         start=start, end=now, window_seconds=span,
-        total_arrivals=sum(v[0] for _, v in ranked),
-        keys=tuple(k for k, _ in ranked),
-        rates=tuple(v[0] / span for _, v in ranked),
-        mean_prompt_tokens=tuple(v[1] / v[0] for _, v in ranked),
-        mean_prefix_tokens=tuple(v[2] / v[0] for _, v in ranked),
+        total_arrivals=int(sum(counts.tolist())) if counts.dtype == object else int(counts.sum()),
+        keys=(tuple(b"\0".join(ranked).decode().split("\0")) if plain and ranked else tuple(k.decode() for k in ranked)),
+        rates=tuple((nf / span).tolist()),
+        mean_prompt_tokens=tuple((rows[:, 1].astype(np.float64) / nf).tolist()),
+        mean_prefix_tokens=tuple((rows[:, 2].astype(np.float64) / nf).tolist()),
     )
 
 
@@ -836,8 +857,15 @@ class _BucketCache:
         self.buckets[idx] = (token, ids, values)
 
     def totals(self, idxs: range) -> dict[str, tuple[int, int, int]]:
-        """Sums over the window's buckets; buckets outside it are dropped (one process reads
-        one window, the planner's)."""
+        """Sums over the window's buckets, by key; buckets outside it are dropped."""
+        keys, acc = self.columns(idxs)
+        hit = np.flatnonzero(acc[:, 0] > 0)
+        return {keys[i].decode(): row for i, row in zip(hit.tolist(), map(tuple, acc[hit].tolist()))}
+
+    def columns(self, idxs: range) -> tuple[list[bytes], np.ndarray]:
+        """Sums over the window's buckets: the key index and an (m, 3) array of (n, prompt,
+        prefix) per key; buckets outside the window are dropped (one process reads one
+        window, the planner's)."""
         for old in [i for i in self.buckets if i not in idxs]:
             del self.buckets[old]
         live = [self.buckets[i] for i in idxs if i in self.buckets]
@@ -848,9 +876,7 @@ class _BucketCache:
         acc = np.zeros((len(self.index), 3), dtype=object if big else np.int64)
         for _, ids, values in live:
             acc[ids] += values          # ids are distinct within a bucket
-        keys = list(self.index)
-        hit = np.flatnonzero(acc[:, 0] > 0)
-        return {keys[i].decode(): row for i, row in zip(hit.tolist(), map(tuple, acc[hit].tolist()))}
+        return list(self.index), acc
 
     def _compact(self) -> None:
         """Drop keys no cached bucket holds (keys churn; the index must not grow forever)."""
@@ -1061,7 +1087,7 @@ class RedisStore(Store):
             rows = await pipe.execute() if stale else []
         for j, (i, token) in enumerate(stale):
             cache.put(i, token, *rows[3 * j:3 * j + 3])
-        return _snapshot(first, last, start, now, cache.totals(idxs))
+        return _snapshot_columns(first, last, start, now, *cache.columns(idxs))
 
     async def cache_stats(self, now: float, window_seconds: float) -> dict[str, CacheCounters]:
         first, last, _ = _window_buckets(now, window_seconds, self.telemetry)
