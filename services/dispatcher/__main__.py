@@ -24,149 +24,23 @@ Environment variables (flags override them):
                                             (services/dispatcher/budget.py). Generate arrivals count once served.
   CACHEROUTE_CALLER_TELEMETRY_BURST (1000)  that budget's bucket size
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
+  CACHEROUTE_WORKERS (1)                    worker processes sharing the ports (SO_REUSEPORT), 0 = one per
+                                            core; > 1 runs a supervisor (services/dispatcher/workers.py) whose
+                                            metrics port serves every worker's metrics, labelled worker="I"
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
-import logging
+import dataclasses
 import sys
-from dataclasses import dataclass
 
-from cacheroute.v1 import dispatcher_pb2_grpc
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-from services.core.policies.cacheroute import COLD_TAILS, CacheRoutePolicy
-from services.dispatcher.budget import BudgetConfig, CallerBudget
-from services.dispatcher.monitor import ReplicaMonitor
-from services.dispatcher.plans import PlanFeed
-from services.dispatcher.router import Replica, Router, parse_replicas
-from services.dispatcher.servicer import DispatcherServicer, KeyRules
-from services.dispatcher.telemetry import ArrivalReporter
-from services.rpc import (
-    RpcMetrics,
-    RunningServer,
-    ServerConfig,
-    add_server_flags,
-    env,
-    env_number,
-    kv,
-    run_service,
-    server_config,
-    start_server,
-)
-
-log = logging.getLogger("cacheroute.dispatcher")
-SERVICE = "cacheroute.v1.Dispatcher"
-# the live default is the simulator's: whatever the cacheroute policy defaults to
-DEFAULT_COLD_TAIL: str = inspect.signature(CacheRoutePolicy).parameters["cold"].default
-
-
-@dataclass(frozen=True)
-class DispatcherConfig:
-    server: ServerConfig
-    replicas: tuple[Replica, ...]
-    dispatcher_id: str = "dispatcher-0"
-    planner: str = ""
-    redis_url: str = ""
-    collector: str = ""
-    rules: KeyRules = KeyRules()
-    cold: str = DEFAULT_COLD_TAIL
-    poll_interval: float = 0.25
-    poll_timeout: float = 0.2
-    telemetry_interval: float = 0.5
-    telemetry_capacity: int = 100_000
-    plan_backoff_max: float = 5.0
-    seed: int | None = None
-    budget: BudgetConfig = BudgetConfig()
-
-
-class RouterMetrics:
-    """Prometheus view of the router, read at scrape time (nothing on the request path)."""
-
-    def __init__(self, router: Router) -> None:
-        self.router = router
-
-    def collect(self):
-        r = self.router
-        routed = CounterMetricFamily("cacheroute_dispatcher_routed", "requests routed, by reason", labels=["reason"])
-        for name, value in (("planned", r.counts[1]), ("cold", r.counts[2]), ("fallback", r.counts[3])):
-            routed.add_metric([name], value)
-        yield routed
-        yield GaugeMetricFamily("cacheroute_dispatcher_plan_version", "active plan version (0: none)", r.plan_version)
-        yield GaugeMetricFamily("cacheroute_dispatcher_flat_mode", "1 in flat-fallback mode", int(r.flat))
-        yield CounterMetricFamily("cacheroute_dispatcher_telemetry_dropped", "arrivals not delivered to the collector",
-                                  r.telemetry_dropped)
-        yield CounterMetricFamily("cacheroute_dispatcher_telemetry_capped",
-                                  "Route/RouteBatch arrivals left out of telemetry: caller over its budget",
-                                  r.telemetry_capped)
-        healthy = GaugeMetricFamily("cacheroute_dispatcher_replica_healthy", "1 if the replica is healthy", labels=["replica"])
-        load = GaugeMetricFamily("cacheroute_dispatcher_replica_load", "load signal (engine queue + recent routes)",
-                                 labels=["replica"])
-        for i, rid in enumerate(r.ids):
-            healthy.add_metric([rid], int(r.state.healthy[i]))
-            load.add_metric([rid], r.state.in_flight[i])
-        yield healthy
-        yield load
-
-
-class DispatcherService:
-    """One dispatcher in this event loop: `await start()`, then `await stop()`."""
-
-    def __init__(self, config: DispatcherConfig) -> None:
-        self.config = config
-        self.router = Router(config.replicas, seed=config.seed, cold=config.cold,
-                             telemetry_capacity=config.telemetry_capacity)
-        tls = config.server.tls
-        self.monitor = ReplicaMonitor(self.router, interval=config.poll_interval, timeout=config.poll_timeout, tls=tls)
-        self.store = None
-        if config.redis_url:
-            from services.store import RedisStore
-            self.store = RedisStore(config.redis_url)
-        self.feed = PlanFeed(self.router, planner=config.planner, store=self.store, tls=tls,
-                             backoff_max=config.plan_backoff_max, seed=config.seed)
-        self.reporter = (ArrivalReporter(self.router, config.collector, config.dispatcher_id,
-                                         interval=config.telemetry_interval, tls=tls,
-                                         token=config.server.auth_token)
-                         if config.collector else None)
-        self.running: RunningServer | None = None
-
-    @property
-    def address(self) -> str:
-        assert self.running is not None
-        return self.running.address
-
-    async def start(self) -> "DispatcherService":
-        await self.monitor.start()
-        await self.feed.start()
-        metrics = RpcMetrics("dispatcher")
-        metrics.registry.register(RouterMetrics(self.router))
-        servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
-                                      budget=CallerBudget(self.config.budget))
-        self.running = await start_server(self.config.server,
-                                          [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
-                                          [SERVICE], metrics=metrics)
-        if self.reporter is not None:
-            self.reporter.start()
-        log.info("dispatcher ready", extra=kv(id=self.config.dispatcher_id, replicas=len(self.router.ids),
-                                              healthy=sum(self.router.state.healthy),
-                                              plan_version=self.router.plan_version, source=self.router.plan_source))
-        return self
-
-    async def stop(self, grace: float | None = None) -> None:
-        if self.running is not None:
-            await self.running.stop(grace)
-        await self.feed.stop()
-        if self.reporter is not None:
-            await self.reporter.stop()
-        await self.monitor.stop()
-        if self.store is not None:
-            await self.store.close()
-
-
-async def serve(config: DispatcherConfig) -> DispatcherService:
-    return await DispatcherService(config).start()
+from services.dispatcher.service import DispatcherConfig, serve
+from services.dispatcher.budget import BudgetConfig
+from services.dispatcher.servicer import KeyRules
+from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
+from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
+from services.rpc import add_server_flags, env, env_number, run_service, server_config, setup_logging
 
 
 def parse_args(argv: list[str] | None) -> DispatcherConfig:
@@ -194,9 +68,14 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
                         "(env CACHEROUTE_CALLER_TELEMETRY_RATE, default 100)")
     g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "1000", float),
                    help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 1000)")
+    g.add_argument("--workers", type=int, default=env_number("WORKERS", "1", int),
+                   help="worker processes sharing the ports, 0 = one per core (env CACHEROUTE_WORKERS, default 1)")
+    g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)   # set by the supervisor
     args = parser.parse_args(argv)
+    if args.workers < 0:
+        parser.error("--workers must be >= 0 (0 = one per core)")
     try:
-        replicas = parse_replicas(args.replicas or "")
+        replicas = parse_replicas(args.replicas or "", need_address=True)
     except ValueError as exc:
         parser.error(f"--replicas: {exc}")
     if args.key_blocks < 1 or args.key_tokens < 1:
@@ -207,17 +86,34 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst)
     except ValueError as exc:
         parser.error(str(exc))
+    server = server_config("dispatcher", args)
+    if args.worker_index is not None:   # one of several workers on shared ports
+        server = dataclasses.replace(server, reuse_port=True, announce="worker serving")
     return DispatcherConfig(
-        server=server_config("dispatcher", args), replicas=replicas, dispatcher_id=args.dispatcher_id,
+        workers=resolve_workers(args.workers), worker_index=args.worker_index,
+        server=server, replicas=replicas, dispatcher_id=args.dispatcher_id,
         planner=args.planner, redis_url=args.redis, collector=args.collector,
         rules=KeyRules(blocks=args.key_blocks, tokens=args.key_tokens, max_batch=args.max_batch),
         cold=args.cold, poll_interval=args.poll_interval, poll_timeout=args.poll_timeout,
-        telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity, seed=args.seed,
+        telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
+        seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
         budget=budget)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_service("dispatcher", lambda: parse_args(argv), serve)
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        config = parse_args(args)
+    except ValueError as exc:
+        print(f"dispatcher: error: {exc}", file=sys.stderr)
+        return 2
+    if config.workers > 1 and config.worker_index is None:
+        setup_logging("dispatcher", config.server.log_level)
+        s = config.server
+        return supervise(WorkersConfig(workers=config.workers, host=s.host, port=s.port, http_port=-1,
+                                       metrics_host=s.metrics_host, metrics_port=s.metrics_port,
+                                       grace_seconds=s.grace_seconds, dispatcher_id=config.dispatcher_id), args)
+    return run_service("dispatcher", lambda: config, serve)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from services.rpc import kv
+from services.rpc.logs import kv
 
 log = logging.getLogger("cacheroute.dispatcher.workers")
 
@@ -204,8 +204,9 @@ class Supervisor:
 
     def _child_argv(self, index: int) -> list[str]:
         cfg = self.config
+        http = ["--http-port", str(self.http_port)] if cfg.http_port >= 0 else []
         return [*self.argv, "--workers", "1", "--worker-index", str(index), "--host", cfg.host,
-                "--port", str(self.port), "--http-port", str(self.http_port),
+                "--port", str(self.port), *http,
                 "--metrics-host", "127.0.0.1", "--metrics-port", "0" if cfg.metrics_port >= 0 else "-1",
                 "--dispatcher-id", f"{cfg.dispatcher_id}/w{index}"]
 
@@ -266,6 +267,11 @@ class Supervisor:
                 w = pending[fd]
                 if w.read_ready():
                     del pending[fd]
+                elif w.ready_fd < 0:          # the pipe closed without a line: the worker is going
+                    del pending[fd]
+                    w.proc.wait(5)
+                    log.error("worker exited during start", extra=kv(worker=w.index, code=w.proc.returncode))
+                    return False
         return not pending
 
     def _watch(self) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from cacheroute.v1 import common_pb2
 from clients import CacheRouteClient
-from services.redisconn import sync_client
+from services.store.connect import sync_client
 
 
 @pytest.mark.timeout(120)

@@ -9,7 +9,7 @@ import asyncio
 
 from services.core.plan import Plan, SwitchDecision
 from services.localcluster import key_slot
-from services.redisconn import sync_client
+from services.store.connect import sync_client
 from services.store import ArrivalRecord, Mode, RedisStore, TelemetryConfig
 
 CFG = TelemetryConfig(bucket_seconds=10, retention_seconds=600)

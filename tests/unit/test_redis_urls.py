@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.redisconn import parse_redis_url, redact
+from services.store.connect import parse_redis_url, redact
 
 
 @pytest.mark.parametrize("url, cluster, tls, nodes, wait", [
