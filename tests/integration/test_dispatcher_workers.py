@@ -35,14 +35,17 @@ def procs(tmp_path):
         registry.cleanup()
 
 
+FRESH = [("grpc.use_local_subchannel_pool", 1)]     # a new TCP connection per channel
+
+
 def status_of(address: str) -> dispatcher_pb2.DispatcherStatus:
-    with grpc.insecure_channel(address) as ch:      # a fresh connection: the kernel picks a worker
+    with grpc.insecure_channel(address, options=FRESH) as ch:   # the kernel picks a worker per connection
         return dispatcher_pb2_grpc.DispatcherStub(ch).GetStatus(dispatcher_pb2.GetDispatcherStatusRequest(),
                                                                   timeout=5)
 
 
 def route(address: str, key: str) -> None:
-    with grpc.insecure_channel(address) as ch:
+    with grpc.insecure_channel(address, options=FRESH) as ch:
         dispatcher_pb2_grpc.DispatcherStub(ch).Route(dispatcher_pb2.RouteRequest(key=key), timeout=5)
 
 
