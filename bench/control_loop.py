@@ -7,7 +7,7 @@ of `--keys` distinct keys with log-normal counts (sigma 1.65, the paper's). Two 
   spread  each key in one bucket (key i in bucket i mod 31), the hottest 1% in every bucket:
           a long tail seen about once per window (1.3 fields per key per hash).
 
-This process runs the planner's own steps (`services.planner.control`: the store's window
+This process runs the planner's own steps (`services.planner.candidate`: the store's window
 read, `build_candidate`, `decide`, `put_plan`, `activate`) against that Redis and times each;
 a planner process (`--auto 0`, the publisher: pub/sub -> WatchPlans, chunked past the
 message limit) and `--dispatchers` dispatcher processes run beside it; "routed" is the time
@@ -44,7 +44,7 @@ import grpc
 
 from cacheroute.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 from services.localredis import RedisProcess
-from services.planner.control import BuildInputs, build_candidate, decide
+from services.planner.candidate import BuildInputs, build_candidate, decide
 from services.stack import parse_serving_line
 from services.store import RedisStore, TelemetryConfig
 

@@ -8,12 +8,12 @@ Environment variables (flags override them):
   CACHEROUTE_DISPATCHER_ID (dispatcher-0)   source id in telemetry and status
   CACHEROUTE_KEY_BLOCKS (4)                 key = chained hash of the first N prefix blocks
   CACHEROUTE_KEY_TOKENS (64)                key = hash of the first N prompt tokens
-  CACHEROUTE_COLD_TAIL (policy default)     cold-tail policy: p2c (power of two choices) or chwbl
+  CACHEROUTE_COLD_TAIL (chwbl)              cold-tail policy: p2c (power of two choices) or chwbl
                                             (session-aware: bounded-load consistent hashing on the key,
                                             so every dispatcher with the same --replicas list sends a
                                             cold key to the same replica while loads are balanced);
-                                            default: the cacheroute policy's, as in the simulator
-                                            (CACHEROUTE_COLD is read when CACHEROUTE_COLD_TAIL is unset)
+                                            default chwbl (services.model.DEFAULT_COLD_TAIL, as in the
+                                            simulator; CACHEROUTE_COLD is read when CACHEROUTE_COLD_TAIL is unset)
   CACHEROUTE_POLL_INTERVAL (0.25)           replica health/stats poll period, seconds
   CACHEROUTE_POLL_TIMEOUT (0.2)             deadline of each poll RPC, seconds
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
@@ -22,7 +22,10 @@ Environment variables (flags override them):
   CACHEROUTE_CALLER_TELEMETRY_RATE (100)    Route/RouteBatch arrivals per second one caller (tenant, else
                                             peer host) may add to the planner's input; 0 = no bound
                                             (services/dispatcher/budget.py). Generate arrivals count once served.
-  CACHEROUTE_CALLER_TELEMETRY_BURST (1000)  that budget's bucket size
+  CACHEROUTE_CALLER_TELEMETRY_BURST (200)   that budget's bucket size
+  CACHEROUTE_API_KEY / CACHEROUTE_API_KEY_FILE  accepted data-plane keys (key[:tenant] lines; services/auth.py).
+                                            With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
+                                            Route, RouteBatch and Generate require one of them; GetStatus stays open.
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
   CACHEROUTE_WORKERS (1)                    worker processes sharing the ports (SO_REUSEPORT), 0 = one per
                                             core; > 1 runs a supervisor (services/dispatcher/workers.py) whose
@@ -35,6 +38,7 @@ import argparse
 import dataclasses
 import sys
 
+from services.auth import keyring
 from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.budget import BudgetConfig
 from services.dispatcher.servicer import KeyRules
@@ -66,8 +70,11 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--caller-telemetry-rate", type=float, default=env_number("CALLER_TELEMETRY_RATE", "100", float),
                    help="Route/RouteBatch arrivals/s one caller may add to the planner's input, 0 = unbounded "
                         "(env CACHEROUTE_CALLER_TELEMETRY_RATE, default 100)")
-    g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "1000", float),
-                   help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 1000)")
+    g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "200", float),
+                   help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 200)")
+    g.add_argument("--api-key", default=env("API_KEY") or None, help="accepted API key (env CACHEROUTE_API_KEY)")
+    g.add_argument("--api-key-file", default=env("API_KEY_FILE") or None,
+                   help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
     g.add_argument("--workers", type=int, default=env_number("WORKERS", "1", int),
                    help="worker processes sharing the ports, 0 = one per core (env CACHEROUTE_WORKERS, default 1)")
     g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)   # set by the supervisor
@@ -87,6 +94,10 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     except ValueError as exc:
         parser.error(str(exc))
     server = server_config("dispatcher", args)
+    try:
+        ring = keyring(args.api_key, args.api_key_file, server.auth_token)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--api-key-file: {exc}")
     if args.worker_index is not None:   # one of several workers on shared ports
         server = dataclasses.replace(server, reuse_port=True, announce="worker serving")
     return DispatcherConfig(
@@ -97,7 +108,7 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         cold=args.cold, poll_interval=args.poll_interval, poll_timeout=args.poll_timeout,
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
         seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
-        budget=budget)
+        budget=budget, keyring=ring)
 
 
 def main(argv: list[str] | None = None) -> int:
