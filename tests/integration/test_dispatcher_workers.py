@@ -92,6 +92,10 @@ def test_two_workers_share_the_port_metrics_add_up_and_stop_together(procs: Proc
     assert re.search(r'cacheroute_dispatcher_plan_version\{worker="1"\} 0\.0', text)
 
     os.kill(pids[1], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while alive(pids[1]):                    # connections queued on the dying socket are reset
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     for i in range(20):                      # the other worker keeps answering new connections
         route(sup.address, f"after{i}")
     deadline = time.monotonic() + 20
