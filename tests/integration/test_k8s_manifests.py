@@ -31,9 +31,6 @@ K8S_VERSIONS = ("1.30.0", "1.37.0")
 # Created by the operator in production (overlays/production/kustomization.yaml says how).
 EXTERNAL_SECRETS = {"cacheroute-secrets"}
 WORKLOADS = {"Deployment", "StatefulSet"}
-# Read by the dispatcher's OpenAI HTTP front door and engine backends, which land separately;
-# drop a name from here once a service reads it.
-PENDING_ENV = {"CACHEROUTE_HTTP_PORT", "CACHEROUTE_ENGINE_KIND"}
 
 
 def _kubectl() -> str:
@@ -73,7 +70,7 @@ def _known_env() -> set[str]:
         names.update(re.findall(r"CACHEROUTE_[A-Z0-9_]+", text))
         # rpc.env("NAME") / env_number("NAME", ...) read CACHEROUTE_NAME
         names.update("CACHEROUTE_" + n for n in re.findall(r"\benv(?:_number)?\(\s*\"([A-Z0-9_]+)\"", text))
-    return names | (PENDING_ENV - names)
+    return names
 
 
 def test_overlays_exist():
