@@ -73,7 +73,7 @@ def alive(pid: int) -> bool:
 def test_two_workers_share_the_port_metrics_add_up_and_stop_together(procs: Procs):
     engine = procs.start("engine", "engine-1", ["--replica-id", "engine-1", "--time-scale", "0.01"])
     sup = procs.start("dispatcher", "d1", ["--replicas", f"engine-1={engine.address}", "--workers", "2",
-                                           "--poll-interval", "0.1"], timeout=60)
+                                           "--http-port", "0", "--poll-interval", "0.1"], timeout=60)
     serving = next(orjson.loads(line) for line in sup.log_path.read_bytes().splitlines()
                    if b'"msg":"serving"' in line)
     pids = serving["pids"]
@@ -81,6 +81,11 @@ def test_two_workers_share_the_port_metrics_add_up_and_stop_together(procs: Proc
 
     seen = {status_of(sup.address).dispatcher_id for _ in range(40)}
     assert seen == {"dispatcher-0/w0", "dispatcher-0/w1"}, seen
+    http = serving["http_port"]                      # the OpenAI port is shared the same way
+    assert http and all(urllib.request.urlopen(f"http://127.0.0.1:{http}/health", timeout=5).status == 200
+                        for _ in range(10))
+    http_lines = [orjson.loads(line) for line in sup.log_path.read_bytes().splitlines() if b'"http serving"' in line]
+    assert {d["url"] for d in http_lines} == {f"http://127.0.0.1:{http}"} and len(http_lines) == 2
 
     calls = 30
     for i in range(calls):
