@@ -72,6 +72,11 @@ COMPARE: dict[str, list[str]] = {
     # dwell 10 s per state (below the 30 s control interval, far above a gap)
     "burst-mmpp": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--knob", "burst_dwell=10",
                    "--policies", "flat,cacheroute", "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    # the same at the two Poisson capacities only (flat 100, cacheroute 250; q_cap as flagship-k128),
+    # sized for the shared machine: does each still pass under correlated bursts?
+    "burst-mmpp-knees": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--knob", "burst_dwell=10",
+                         "--policies", "flat,cacheroute", "--qps-grid", "100,250", "--q-cap", "10.75",
+                         "--slo-p99", "3.5", "--duration", "150", "--warmup", "60", *BOOT, "--jobs", "1"],
     # (c) on the paper's model size (the derived 32B profile, one H100 per replica)
     "low-reuse-32b": ["sim", "compare", "--profile", "qwen2.5-32b-fp8-h100", "--workload", "low-reuse",
                       "--policies", "flat,cacheroute", "--qps-grid", "20,40,60,80,100,120,160", "--slo-p99", "3.5",
