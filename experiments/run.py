@@ -163,15 +163,21 @@ def merge_grid(name: str, extra: str) -> int:
     from services.sim import report
     from services.sim.runs import capacity_report
 
-    base, more = load(name) or {}, load(extra) or {}
+    report.write(merge_points(load(name) or {}, load(extra) or {}, capacity_report), os.path.join(RESULTS, name))
+    return 0
+
+
+def merge_points(base: dict, more: dict, capacity_report) -> dict:
+    """`base` with each of its rows extended by `more`'s points for the same policy (a point at
+    the same QPS is replaced) and its capacity recomputed over the union; other rows unchanged."""
+    out = dict(base)
     for policy, row in more.items():
         if policy not in base:
             continue
         points = {p["offered_qps"]: p for p in base[policy]["points"]}
         points.update((p["offered_qps"], p) for p in row["points"])
-        base[policy] = capacity_report([points[q] for q in sorted(points)], base[policy]["slo_p99"])
-    report.write(base, os.path.join(RESULTS, name))
-    return 0
+        out[policy] = capacity_report([points[q] for q in sorted(points)], base[policy]["slo_p99"])
+    return out
 
 
 def run(name: str) -> int:
