@@ -22,6 +22,7 @@ import orjson
 
 from cacheroute.v1 import common_pb2
 from services.core.plan import Plan, ShadowReport, SwitchDecision
+from services.core.prefixes import PrefixEntry, parse_node_name
 
 FORMAT = "cacheroute.plan/1"
 
@@ -66,7 +67,20 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "decision": dataclasses.asdict(plan.decision) if plan.decision is not None else None,
         "shadow": _finite_json(dataclasses.asdict(plan.shadow)) if plan.shadow is not None else None,
         "extra": dict(plan.extra),
+        "prefixes": {name: {"replicas": list(e.replicas), "rate": e.rate, "tokens": e.tokens, "keys": e.keys}
+                     for name, e in plan.prefixes.items()},
     }
+
+
+def _prefixes_from(data: Any) -> dict[str, PrefixEntry]:
+    if not data:
+        return {}
+    out = {}
+    for name, e in data.items():
+        parse_node_name(str(name))
+        out[str(name)] = PrefixEntry(tuple(int(i) for i in e["replicas"]), float(e.get("rate", 0.0)),
+                                     int(e.get("tokens", 0)), int(e.get("keys", 0)))
+    return out
 
 
 def plan_from_dict(data: Mapping[str, Any]) -> Plan:
@@ -100,6 +114,7 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
             decision=None if data.get("decision") is None else SwitchDecision(**data["decision"]),
             shadow=None if data.get("shadow") is None else ShadowReport(**_floats_back(data["shadow"])),
             extra=dict(data.get("extra") or {}),
+            prefixes=_prefixes_from(data.get("prefixes")),
         )
     except KeyError as exc:
         raise ValueError(f"plan file is missing field {exc.args[0]!r}") from None
@@ -125,6 +140,12 @@ def check_plan(plan: Plan) -> None:
         raise ValueError("plan has rates for keys outside its table")
     if not all(math.isfinite(x) for x in plan.expected_load):
         raise ValueError("plan has a non-finite expected load")
+    for name, entry in plan.prefixes.items():
+        row = entry.replicas
+        if not row or len(set(row)) != len(row) or not all(0 <= i < n for i in row):
+            raise ValueError(f"plan row for prefix {name} is not a set of distinct replica indices < {n}: {list(row)}")
+        if not (math.isfinite(entry.rate) and entry.rate >= 0 and entry.tokens >= 0):
+            raise ValueError(f"plan prefix {name} has a negative or non-finite rate or token count")
 
 
 def plan_to_json(plan: Plan) -> bytes:
