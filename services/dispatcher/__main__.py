@@ -19,6 +19,10 @@ Environment variables (flags override them):
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
   CACHEROUTE_TELEMETRY_CAPACITY (100000)    buffered arrivals before new ones are dropped
   CACHEROUTE_MAX_BATCH (10000)              RouteBatch requests per call
+  CACHEROUTE_CALLER_TELEMETRY_RATE (100)    Route/RouteBatch arrivals per second one caller (tenant, else
+                                            peer host) may add to the planner's input; 0 = no bound
+                                            (services/dispatcher/budget.py). Generate arrivals count once served.
+  CACHEROUTE_CALLER_TELEMETRY_BURST (1000)  that budget's bucket size
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
 """
 
@@ -34,6 +38,7 @@ from cacheroute.v1 import dispatcher_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.core.policies.cacheroute import COLD_TAILS, CacheRoutePolicy
+from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.plans import PlanFeed
 from services.dispatcher.router import Replica, Router, parse_replicas
@@ -74,6 +79,7 @@ class DispatcherConfig:
     telemetry_capacity: int = 100_000
     plan_backoff_max: float = 5.0
     seed: int | None = None
+    budget: BudgetConfig = BudgetConfig()
 
 
 class RouterMetrics:
@@ -92,6 +98,9 @@ class RouterMetrics:
         yield GaugeMetricFamily("cacheroute_dispatcher_flat_mode", "1 in flat-fallback mode", int(r.flat))
         yield CounterMetricFamily("cacheroute_dispatcher_telemetry_dropped", "arrivals not delivered to the collector",
                                   r.telemetry_dropped)
+        yield CounterMetricFamily("cacheroute_dispatcher_telemetry_capped",
+                                  "Route/RouteBatch arrivals left out of telemetry: caller over its budget",
+                                  r.telemetry_capped)
         healthy = GaugeMetricFamily("cacheroute_dispatcher_replica_healthy", "1 if the replica is healthy", labels=["replica"])
         load = GaugeMetricFamily("cacheroute_dispatcher_replica_load", "load signal (engine queue + recent routes)",
                                  labels=["replica"])
@@ -133,7 +142,8 @@ class DispatcherService:
         await self.feed.start()
         metrics = RpcMetrics("dispatcher")
         metrics.registry.register(RouterMetrics(self.router))
-        servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id)
+        servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
+                                      budget=CallerBudget(self.config.budget))
         self.running = await start_server(self.config.server,
                                           [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
                                           [SERVICE], metrics=metrics)
@@ -179,6 +189,11 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--telemetry-capacity", type=int, default=env_number("TELEMETRY_CAPACITY", "100000", int))
     g.add_argument("--max-batch", type=int, default=env_number("MAX_BATCH", "10000", int))
     g.add_argument("--seed", type=int, default=int(env("SEED")) if env("SEED") else None)
+    g.add_argument("--caller-telemetry-rate", type=float, default=env_number("CALLER_TELEMETRY_RATE", "100", float),
+                   help="Route/RouteBatch arrivals/s one caller may add to the planner's input, 0 = unbounded "
+                        "(env CACHEROUTE_CALLER_TELEMETRY_RATE, default 100)")
+    g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "1000", float),
+                   help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 1000)")
     args = parser.parse_args(argv)
     try:
         replicas = parse_replicas(args.replicas or "")
@@ -188,12 +203,17 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         parser.error("--key-blocks and --key-tokens must be >= 1")
     if not (0 < args.poll_timeout and 0 < args.poll_interval):
         parser.error("--poll-interval and --poll-timeout must be > 0")
+    try:
+        budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst)
+    except ValueError as exc:
+        parser.error(str(exc))
     return DispatcherConfig(
         server=server_config("dispatcher", args), replicas=replicas, dispatcher_id=args.dispatcher_id,
         planner=args.planner, redis_url=args.redis, collector=args.collector,
         rules=KeyRules(blocks=args.key_blocks, tokens=args.key_tokens, max_batch=args.max_batch),
         cold=args.cold, poll_interval=args.poll_interval, poll_timeout=args.poll_timeout,
-        telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity, seed=args.seed)
+        telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity, seed=args.seed,
+        budget=budget)
 
 
 def main(argv: list[str] | None = None) -> int:

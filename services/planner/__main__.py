@@ -184,9 +184,11 @@ class PlannerService:
 
     async def start(self) -> "PlannerService":
         servicer = self.servicer = PlannerServicer(self.store, self.loop, self.hub, planner_id=self.config.loop.planner_id,
-                                                   clock=self.config.clock, gate=self.gate)
+                                                   clock=self.config.clock, gate=self.gate,
+                                                   max_message_bytes=self.config.server.max_message_bytes)
         self.running = await start_server(self.config.server, [(planner_pb2_grpc.add_PlannerServicer_to_server, servicer)],
-                                          [SERVICE], protected_methods=PROTECTED, metrics=self.metrics)
+                                          [SERVICE], protected_methods=PROTECTED, audited_methods=PROTECTED,
+                                          metrics=self.metrics)
         self.hub.start()
         if self.health is not None:
             await self.health.start()
