@@ -22,7 +22,7 @@ import orjson
 
 from cacheroute.v1 import common_pb2
 from services.core.plan import Plan, ShadowReport, SwitchDecision
-from services.core.prefixes import PrefixEntry, parse_node_name
+from services.core.prefixes import PrefixEntry, node_name, parse_node_name
 
 FORMAT = "cacheroute.plan/1"
 
@@ -214,6 +214,9 @@ def plan_to_proto(plan: Plan) -> common_pb2.Plan:
     rates = plan.rates
     msg.table.extend(common_pb2.PlanEntry(key=key, replicas=row, rate=rates.get(key, 0.0))
                      for key, row in plan.table.items())
+    msg.prefixes.extend(common_pb2.PrefixEntry(node=parse_node_name(name), replicas=e.replicas, rate=e.rate,
+                                               tokens=e.tokens, keys=e.keys)
+                        for name, e in plan.prefixes.items())
     if plan.decision is not None:
         msg.decision.CopyFrom(decision_to_proto(plan.decision))
     if plan.shadow is not None:
@@ -246,7 +249,10 @@ def plan_from_proto(msg: common_pb2.Plan) -> Plan:
         window_seconds=msg.inputs.window_seconds,
         decision=decision_from_proto(msg.decision) if msg.HasField("decision") else None,
         shadow=shadow_from_proto(msg.shadow) if msg.HasField("shadow") else None,
+        prefixes={node_name(e.node): PrefixEntry(tuple(e.replicas), e.rate, e.tokens, e.keys) for e in msg.prefixes},
     )
+    if len(plan.prefixes) != len(msg.prefixes):
+        raise ValueError("plan message repeats a prefix node")
     check_plan(plan)
     return plan
 

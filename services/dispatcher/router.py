@@ -185,7 +185,12 @@ class Router:
             local = tuple(moved[m] for m in members if moved[m] >= 0)
             if local:
                 table[key] = local
-        return dataclasses.replace(plan, replica_ids=self.ids, table=table)
+        prefixes = {}
+        for name, entry in plan.prefixes.items():
+            local = tuple(moved[m] for m in entry.replicas if moved[m] >= 0)
+            if local:
+                prefixes[name] = dataclasses.replace(entry, replicas=local)
+        return dataclasses.replace(plan, replica_ids=self.ids, table=table, prefixes=prefixes)
 
     # ------------------------------------------------------------ load and health
 

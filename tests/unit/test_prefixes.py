@@ -220,3 +220,16 @@ def test_two_dispatchers_agree():
 
 def test_depths_constant():
     assert NODE_DEPTHS[0] == 32 and all(b == 2 * a for a, b in zip(NODE_DEPTHS, NODE_DEPTHS[1:]))
+
+
+def test_proto_round_trip():
+    from services.codec import plan_from_proto, plan_to_proto
+    from services.planwire import SliceAssembler, plan_chunks
+
+    reqs, _ = doc_requests()
+    plan = plan_for(reqs)
+    assert plan_from_proto(plan_to_proto(plan)).prefixes == plan.prefixes
+    asm, whole = SliceAssembler(), None
+    for msg in plan_chunks(plan, 200):             # a tiny budget: the table goes in slices
+        whole = asm.add(msg) or whole
+    assert plan_from_proto(whole).prefixes == plan.prefixes
