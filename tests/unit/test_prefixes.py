@@ -233,3 +233,25 @@ def test_proto_round_trip():
     for msg in plan_chunks(plan, 200):             # a tiny budget: the table goes in slices
         whole = asm.add(msg) or whole
     assert plan_from_proto(whole).prefixes == plan.prefixes
+
+
+def test_plan_show_and_diff_cover_prefix_nodes(tmp_path, capsys):
+    import json
+
+    from clients.cli import main
+    from services.codec import write_plan_file
+
+    reqs, doc = doc_requests()
+    first = plan_for(reqs)
+    moved = build_prefix_plan(["k0"], [1.0], IDS, 1.0, 8, window_seconds=30.0, active=first, version=2,
+                              nodes=count(reqs[:3] + reqs[12:15]).samples())
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_plan_file(a, first)
+    write_plan_file(b, moved)
+    assert main(["plan", "show", str(a)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["prefix_nodes"] == 1 and shown["top_prefixes"][0]["prefix"] == node_name(doc[255])
+    assert shown["top_prefixes"][0]["keys"] == 12 and "available_hit_rate" in shown
+    assert main(["plan", "diff", str(a), str(b)]) == 0
+    diff = json.loads(capsys.readouterr().out)
+    assert diff["prefixes_kept"] + diff["prefixes_moved"] + diff["prefixes_added"] == len(moved.prefixes)
