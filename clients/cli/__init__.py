@@ -19,13 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cacheroute", description="Planned prefix-affinity routing for LLM serving.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in GROUPS:
-        try:
-            module = importlib.import_module(f"clients.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"clients.cli.{name}":
-                continue  # group not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"clients.cli.{name}").register(sub)
     return parser
 
 

@@ -19,7 +19,7 @@ from collections import Counter
 import orjson
 
 from clients.cli import CliError
-from services.core.policies.cacheroute import COLD_TAILS, DEFAULT_COLD_TAIL
+from services.model import COLD_TAILS, DEFAULT_COLD_TAIL
 
 
 def register(sub: argparse._SubParsersAction) -> None:

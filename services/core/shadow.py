@@ -44,8 +44,9 @@ from typing import Iterable, Literal, Sequence
 from services.core.engine import EngineProfile
 from services.core.metrics import slo_capacity
 from services.core.plan import Plan, ShadowReport
-from services.core.policies.cacheroute import BALANCE_FACTOR, DEFAULT_COLD_TAIL
+from services.core.policies.cacheroute import BALANCE_FACTOR
 from services.core.request import BLOCK_TOKENS, Request
+from services.model import DEFAULT_COLD_TAIL
 
 Mode = Literal["planned", "flat"]
 

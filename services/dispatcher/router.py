@@ -21,37 +21,12 @@ bounded telemetry buffer; no allocation beyond the tuple it appends.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from services.core.plan import Plan
 from services.core.policies import make_policy
-from services.core.policies.cacheroute import DEFAULT_COLD_TAIL
 from services.core.policy import ClusterState, Pick, Reason
-
-
-@dataclass(frozen=True, slots=True)
-class Replica:
-    id: str
-    address: str
-
-
-def parse_replicas(text: str) -> tuple[Replica, ...]:
-    """`id=host:port,id=host:port` -> replicas; ValueError on a malformed or duplicate entry."""
-    out: list[Replica] = []
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        rid, sep, address = item.partition("=")
-        if not sep or not rid.strip() or not address.strip():
-            raise ValueError(f"replica {item!r} is not id=host:port")
-        out.append(Replica(rid.strip(), address.strip()))
-    if not out:
-        raise ValueError("no replicas configured")
-    ids = [r.id for r in out]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"duplicate replica id in {text!r}")
-    return tuple(out)
+from services.model import DEFAULT_COLD_TAIL, Replica
 
 
 class _Probe:

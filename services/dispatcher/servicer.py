@@ -16,6 +16,7 @@ from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.router import Router
 from services.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.model import MAX_KEY_BYTES
 
 MODE = {False: common_pb2.MODE_PLANNED, True: common_pb2.MODE_FLAT}
 # engine answers before the first chunk after which Generate tries one other replica
@@ -190,7 +191,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         requests = request.requests
         if len(requests) > self.rules.max_batch:
             raise InvalidArgument(f"batch of {len(requests)} exceeds {self.rules.max_batch} requests")
-        rules, quick = self.rules, routing.MAX_KEY_BYTES // 4
+        rules, quick = self.rules, MAX_KEY_BYTES // 4
         # a non-empty `key` is the oneof's source; up to 64 characters it is a valid key
         keys = [(k, 0) if 0 < len(k := r.key) <= quick else route_key(r, rules) for r in requests]  # all, first
         version = self.router.plan_version

@@ -25,41 +25,28 @@ import asyncio
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from services.core.plan import Plan, SwitchDecision
 from services.core.planning import build_plan, with_churn
+from services.core.replan import replan_incremental
+from services.core.switching import SwitchConfig, decide_switch
 from services.errors import FailedPrecondition, Unavailable
+from services.model import ControlState, Mode, RatesSnapshot
 from services.rpc import kv, stop_tasks
-from services.store import ControlState, Fenced, FlatMode, Mode, Pinned, RatesSnapshot, StaleVersion, Store
+from services.store import Fenced, FlatMode, Pinned, StaleVersion, Store
 
 if TYPE_CHECKING:
     from services.planner.gate import Gate, Verdict
 
-try:  # the churn-aware re-planner and switching rule; the loop degrades without them
-    from services.core import replan as _replan
-except ImportError:  # pragma: no cover - depends on what has landed
-    _replan = None
-try:
-    from services.core import switching as _switching
-except ImportError:  # pragma: no cover
-    _switching = None
 
 log = logging.getLogger("cacheroute.planner")
 
 
-def incremental_available() -> bool:
-    return _replan is not None and hasattr(_replan, "replan_incremental")
-
-
-def switching_config(knobs: Mapping[str, float]) -> object | None:
+def switching_config(knobs: Mapping[str, float]) -> SwitchConfig:
     """The switching rule's config from NAME=VALUE knobs (ValueError for unknown names)."""
-    if _switching is None:
-        if knobs:
-            raise ValueError("switching knobs given but services.core.switching is not available")
-        return None
-    cls = _switching.SwitchConfig
+    cls = SwitchConfig
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(knobs) - names)
     if unknown:
@@ -88,10 +75,9 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
                     incremental: bool, max_moves: int | None = None) -> Plan:
     """A candidate: churn-aware from `active` when asked and possible (at most `max_moves`
     rebalancing moves; None: unbounded), else LPT from scratch."""
-    if incremental and active is not None and incremental_available():
-        plan = _replan.replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
-                                          inputs.warm_slots, version=version, created_at=created_at,
-                                          max_moves=max_moves)
+    if incremental and active is not None:
+        plan = replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
+                                   inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves)
         plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
         return with_churn(plan, active) if plan.churn is None else plan
     return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
@@ -100,15 +86,11 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
 
 
 def decide(active: Plan | None, candidate: Plan, inputs: BuildInputs, *, now: float, last_switch_at: float,
-           config: object | None) -> SwitchDecision:
-    """The switching rule when available; without it: switch only when nothing is active."""
-    if _switching is not None:
-        rates = dict(zip(inputs.keys, inputs.rates))
-        return _switching.decide_switch(active, candidate, rates, inputs.prefix_tokens, now=now,
-                                        last_switch_at=last_switch_at, config=config or _switching.SwitchConfig())
-    if active is None:
-        return SwitchDecision(True, "no active plan", churn=candidate.churn or 0.0)
-    return SwitchDecision(False, "switching rule unavailable: keeping the active plan", churn=candidate.churn or 0.0)
+           config: SwitchConfig | None) -> SwitchDecision:
+    """The switching rule (services.core.switching) on the current rates."""
+    rates = dict(zip(inputs.keys, inputs.rates))
+    return decide_switch(active, candidate, rates, inputs.prefix_tokens, now=now,
+                         last_switch_at=last_switch_at, config=config or SwitchConfig())
 
 
 @dataclass(frozen=True)
@@ -119,7 +101,7 @@ class LoopConfig:
     interval: float = 30.0
     window_seconds: float = 300.0
     incremental: bool = True
-    switching: object | None = None
+    switching: SwitchConfig | None = None
     planner_id: str = "planner"
     lease_ttl: float = 15.0
     keep_versions: int = 500

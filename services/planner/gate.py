@@ -42,28 +42,20 @@ import logging
 import math
 import multiprocessing
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from services.core.plan import Plan, ShadowReport
 from services.core.shadow import FallbackConfig, Observed, fallback_check
+from services.model import DEFAULT_COLD_TAIL, ArrivalRecord, Mode
 from services.rpc import kv
-from services.store import ArrivalRecord, Mode, Store
+from services.store import Store
 
 log = logging.getLogger("cacheroute.planner.gate")
 
 FALLBACK_TAG = "auto-fallback: "     # mode reasons the loop wrote itself (and may undo)
 RETURN_TAG = "auto-return: "
 UNBOUNDED = 1e9                       # stored for a p99 the replay could not bound (JSON has no inf)
-
-
-def default_cold_tail() -> str:
-    """The cacheroute policy's own default cold tail, so live and simulated runs agree."""
-    import inspect
-
-    from services.core.policies.cacheroute import CacheRoutePolicy
-
-    return inspect.signature(CacheRoutePolicy).parameters["cold"].default
 
 
 @dataclass(frozen=True)
@@ -78,7 +70,7 @@ class GateConfig:
     timeout: float = 30.0
     max_requests: int = 2000
     load_scales: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 4.0)
-    cold: str = field(default_factory=default_cold_tail)
+    cold: str = DEFAULT_COLD_TAIL         # the dispatchers' cold tail (live and simulated runs agree)
     fallback: FallbackConfig = FallbackConfig()
     seed: int = 0
 

@@ -31,8 +31,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.core.replan import repair_plan
 from services.errors import FailedPrecondition, Unavailable
+from services.model import Mode
 from services.rpc import FAST_RECONNECT, TLSFiles, aio_channel, every, kv, stop_tasks
-from services.store import Fenced, Mode, Store
+from services.store import Fenced, Store
 
 log = logging.getLogger("cacheroute.planner.repair")
 SERVING = health_pb2.HealthCheckResponse.SERVING

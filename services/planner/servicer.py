@@ -13,10 +13,11 @@ from services import codec, planwire
 from services.core.plan import Plan
 from services.core.planning import plan_diff
 from services.errors import FailedPrecondition, InvalidArgument, NotFound
-from services.planner.control import BuildInputs, ControlLoop, build_candidate, decide, incremental_available
+from services.model import ControlState, Mode
+from services.planner.control import BuildInputs, ControlLoop, build_candidate, decide
 from services.planner.gate import Gate
 from services.planner.watch import WatchHub
-from services.store import ControlState, Mode, Pinned, StaleVersion, Store, summary_of
+from services.store import Pinned, StaleVersion, Store, summary_of
 
 MAX_MOVES = 10_000          # DiffPlans moves per answer, whatever max_moves asks
 MAX_REASON_BYTES = 512      # operator reasons (SetMode, ActivatePlan, Rollback): stored, shown by GetStatus
@@ -153,8 +154,6 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         cfg, now = self.loop.config, self.clock()
         if request.shadow and self.gate is None:
             raise FailedPrecondition("the shadow gate is not available on this planner")
-        if request.incremental and not incremental_available():
-            raise FailedPrecondition("incremental re-planning is not available on this planner")
         if request.q_cap < 0 or not math.isfinite(request.q_cap):
             raise InvalidArgument("q_cap must be finite and > 0")
         if any(not rid for rid in request.replica_ids):

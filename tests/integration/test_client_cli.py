@@ -7,9 +7,9 @@ import json
 import pytest
 
 from clients.cli import main
-from services.collector.__main__ import CollectorConfig
-from services.collector.__main__ import serve as serve_collector
-from services.dispatcher.__main__ import serve
+from services.collector.service import CollectorConfig
+from services.collector.service import serve as serve_collector
+from services.dispatcher.service import serve
 from services.engine.fleet import EngineFleet
 from services.rpc import ServerConfig
 from tests.integration.test_client import Background

@@ -20,14 +20,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.v1 import collector_pb2, collector_pb2_grpc, common_pb2, engine_pb2, planner_pb2, planner_pb2_grpc
 from clients import AsyncCacheRouteClient
-from services.collector.__main__ import CollectorConfig, CollectorService
-from services.dispatcher.__main__ import DispatcherConfig, DispatcherService
-from services.dispatcher.router import parse_replicas
-from services.engine.__main__ import EngineConfig, EngineService
+from services.collector.service import CollectorConfig, CollectorService
+from services.dispatcher.service import DispatcherConfig, DispatcherService
+from services.engine.service import EngineConfig, EngineService
 from services.errors import Unavailable
 from services.localredis import RedisProcess, find_redis_server, free_port
-from services.planner.__main__ import PROTECTED, PlannerConfig, PlannerService
+from services.model import parse_replicas
 from services.planner.control import LoopConfig
+from services.planner.service import PROTECTED, PlannerConfig, PlannerService
 from services.rpc import ServerConfig, TLSFiles
 from services.store import Mode, RedisStore, TelemetryConfig
 from tests.faults.procs import Procs

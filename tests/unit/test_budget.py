@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from services.dispatcher.budget import BudgetConfig, CallerBudget
-from services.dispatcher.router import Replica, Router
+from services.dispatcher.router import Router
+from services.model import Replica
 
 
 def test_burst_then_rate_per_caller():

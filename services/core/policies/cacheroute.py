@@ -50,11 +50,10 @@ from services.core.policies.chwbl import ChwblPolicy
 from services.core.policy import ClusterState, Pick, Reason
 from services.core.prefixes import NODE_DEPTHS, parse_node_name
 from services.core.request import Request
+from services.model import COLD_TAILS, DEFAULT_COLD_TAIL
 
-COLD_TAILS = ("p2c", "chwbl")
 BALANCES = ("requests", "tokens")
 NODE_SHARE = 0.5          # a node routes a cold request when it covers >= half its prefix (Preble's exploit rule)
-DEFAULT_COLD_TAIL = "chwbl"
 BALANCE_FACTOR = 1.25
 SPILL_FLOOR = 8
 
