@@ -149,6 +149,43 @@ class PrefixCounter:
 
 
 # ---------------------------------------------------------------------------------------------
+# the stored form: one count field per (node, depth, parent, key)
+
+FIELD_CHARS = 16 + 1 + 16 + 16
+
+
+def count_fields(key: str | int, ids: Sequence[int], depths: Sequence[int] = NODE_DEPTHS) -> list[str]:
+    """The store fields one arrival adds 1 to: node id, depth index (one hex digit), parent id,
+    key hash, each fixed-width hex (FIELD_CHARS characters). At most len(depths) fields."""
+    kh = key if isinstance(key, int) else key_hash(key)
+    tail = f"{kh & 0xFFFFFFFFFFFFFFFF:016x}"
+    out, parent = [], 0
+    for i, node in enumerate(ids[: len(depths)]):
+        out.append(f"{node & 0xFFFFFFFFFFFFFFFF:016x}{i:x}{parent:016x}{tail}")
+        parent = node & 0xFFFFFFFFFFFFFFFF
+    return out
+
+
+def samples_from_counts(counts: Mapping[str, int], depths: Sequence[int] = NODE_DEPTHS,
+                        max_keys: int = MAX_KEYS_PER_NODE) -> list[NodeSample]:
+    """NodeSamples from stored count fields; malformed fields are skipped."""
+    nodes: dict[int, tuple[int, int, dict[int, int]]] = {}
+    for field, n in counts.items():
+        if len(field) != FIELD_CHARS or n <= 0:
+            continue
+        try:
+            node, i, parent, kh = int(field[:16], 16), int(field[16], 16), int(field[17:33], 16), int(field[33:], 16)
+        except ValueError:
+            continue
+        if i >= len(depths):
+            continue
+        entry = nodes.setdefault(node, (depths[i], parent, {}))
+        if kh in entry[2] or len(entry[2]) < max_keys:
+            entry[2][kh] = entry[2].get(kh, 0) + int(n)
+    return [NodeSample(node, d, p, k) for node, (d, p, k) in nodes.items()]
+
+
+# ---------------------------------------------------------------------------------------------
 # planning
 
 

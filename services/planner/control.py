@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
@@ -64,6 +65,9 @@ class BuildInputs:
     warm_slots: int
     snapshot_id: str = ""
     window_seconds: float = 0.0
+    nodes: tuple = ()                      # prefix-node samples of the window (LoopConfig.prefix)
+    prompt_tokens: float = 0.0             # prompt tokens of the window's arrivals
+    achieved_hit_rate: float | None = None  # cached / prompt tokens the engines reported over the window
 
     @classmethod
     def from_snapshot(cls, snap: RatesSnapshot, replica_ids: Sequence[str], q_cap: float, warm_slots: int) -> "BuildInputs":
@@ -72,9 +76,22 @@ class BuildInputs:
 
 
 def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, created_at: float,
-                    incremental: bool, max_moves: int | None = None) -> Plan:
+                    incremental: bool, max_moves: int | None = None, prefix: bool = False) -> Plan:
     """A candidate: churn-aware from `active` when asked and possible (at most `max_moves`
-    rebalancing moves; None: unbounded), else LPT from scratch."""
+    rebalancing moves; None: unbounded), else LPT from scratch. `prefix`: the prefix-aware,
+    sticky plan (services.core.prefixes.build_prefix_plan; the simulator's cacheroute-prefix)."""
+    if prefix:
+        from services.core.prefixes import build_prefix_plan
+
+        pt = inputs.prefix_tokens
+        tokens = [pt.get(k, 0.0) for k in inputs.keys] if isinstance(pt, Mapping) else [float(pt)] * len(inputs.keys)
+        plan = build_prefix_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
+                                 prefix_tokens=tokens, nodes=inputs.nodes, window_seconds=inputs.window_seconds,
+                                 active=active, version=version, created_at=created_at,
+                                 rates_snapshot_id=inputs.snapshot_id, prompt_tokens=inputs.prompt_tokens)
+        if inputs.achieved_hit_rate is not None:
+            plan = dataclasses.replace(plan, extra={**plan.extra, "achieved_hit_rate": inputs.achieved_hit_rate})
+        return plan
     if incremental and active is not None:
         plan = replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
                                    inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves)
@@ -107,6 +124,7 @@ class LoopConfig:
     keep_versions: int = 500
     min_arrivals: int = 1
     max_moves: int | None = None          # incremental rebalancing moves per loop (None: unbounded)
+    prefix: bool = False                  # prefix-aware plans from the collector's prefix-node counts
 
 
 @dataclass
@@ -249,9 +267,11 @@ class ControlLoop:
         last_switch_at = next(iter(await store.history(1)), None)
         version = await store.next_version()
         inputs = BuildInputs.from_snapshot(snap, self.replicas(), cfg.q_cap, cfg.warm_slots)
+        if cfg.prefix:
+            inputs = await self.prefix_inputs(inputs, snap, now)
         started = time.perf_counter()
         candidate = await asyncio.to_thread(build_candidate, inputs, active, version=version, created_at=now,
-                                            incremental=cfg.incremental, max_moves=cfg.max_moves)
+                                            incremental=cfg.incremental, max_moves=cfg.max_moves, prefix=cfg.prefix)
         decision = await asyncio.to_thread(decide, active, candidate, inputs, now=now,
                                            last_switch_at=last_switch_at.at if last_switch_at else 0.0,
                                            config=cfg.switching)
@@ -281,6 +301,19 @@ class ControlLoop:
                                           admitted=plan.admitted_keys, churn=plan.churn,
                                           imbalance=plan.predicted_imbalance, reason=plan.decision.reason))
         return outcome
+
+    async def prefix_inputs(self, inputs: BuildInputs, snap, now: float) -> BuildInputs:
+        """The window's prefix-node samples, prompt tokens and achieved hit rate, for a prefix plan."""
+        from services.core.prefixes import samples_from_counts
+
+        window = self.config.window_seconds
+        counts = await self.store.prefix_counts(now, window)
+        stats = await self.store.cache_stats(now, window)
+        prompt = sum(c.prompt_tokens for c in stats.values())
+        achieved = sum(c.cached_tokens for c in stats.values()) / prompt if prompt else None
+        arrived = math.fsum(r * m * snap.window_seconds for r, m in zip(snap.rates, snap.mean_prompt_tokens))
+        return dataclasses.replace(inputs, nodes=tuple(samples_from_counts(counts)), prompt_tokens=arrived,
+                                   achieved_hit_rate=achieved)
 
     async def gate_candidate(self, plan: Plan, state: ControlState, active: Plan | None,
                              now: float) -> tuple[Plan, "Verdict"]:

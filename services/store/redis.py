@@ -42,7 +42,7 @@ from services.store.buckets import (
     window_buckets,
 )
 from services.store.config import TelemetryConfig
-from services.store.contract import HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
+from services.store.contract import PREFIX_FIELDS_PER_BUCKET, HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
 from services.store.keys import (
     Keys,
     arrival_from_log,
@@ -102,6 +102,7 @@ class RedisStore(Store):
         r = self._redis
         self._arrivals = r.register_script(SCRIPTS["arrivals"])
         self._cache = r.register_script(SCRIPTS["cache"])
+        self._prefix = r.register_script(SCRIPTS["prefix"])
         self._put_plan = r.register_script(SCRIPTS["put_plan"])
         self._activate = r.register_script(SCRIPTS["activate"])
         self._set_mode = r.register_script(SCRIPTS["set_mode"])
@@ -177,6 +178,35 @@ class RedisStore(Store):
         keys = [self._c(f"seen:{batch_id}"), self._c(f"b:{cfg.bucket(now)}"), self._c("total")]
         async with self._guard():
             return bool(await self._cache(keys=keys, args=args))
+
+    async def record_prefix_counts(self, batch_id: str, counts: Sequence[tuple[float, str, int]]) -> bool:
+        # one script per bucket (each bucket's keys share its hash tag), all in one pipeline
+        cfg = self.telemetry
+        parts: dict[int, dict[str, int]] = {}
+        for t, field, n in counts:
+            bucket = parts.setdefault(cfg.bucket(t), {})
+            bucket[field] = bucket.get(field, 0) + n
+        if not parts:
+            return True
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            for idx, rows in parts.items():
+                args: list[object] = [cfg.ttl, "1" if batch_id else "0", PREFIX_FIELDS_PER_BUCKET]
+                for field, n in rows.items():
+                    args += (field, n)
+                keys = [self._tb(idx, f"seenp:{batch_id}"), self._tb(idx, "pfx")]
+                await self._prefix(keys=keys, args=args, client=pipe)
+            results = await pipe.execute()
+        return any(bool(r) for r in results)
+
+    async def prefix_counts(self, now: float, window_seconds: float) -> dict[str, int]:
+        first, last, _ = window_buckets(now, window_seconds, self.telemetry)
+        out: dict[str, int] = {}
+        for row in await self._hashes(self._tb(i, "pfx") for i in range(first, last + 1)):
+            for field, n in row.items():
+                name = field.decode()
+                out[name] = out.get(name, 0) + int(n)
+        return out
 
     async def _hashes(self, names: Iterable[str]) -> list[dict[bytes, bytes]]:
         async with self._guard():
