@@ -6,7 +6,8 @@ indices into `replicas`; `decision` and `shadow` are objects or null; `churn` is
 a parent. Floats round-trip exactly (orjson writes the shortest repr).
 
 Protobuf: one PlanEntry (key, replica indices, rate) per admitted key in table order; the
-build inputs go in PlanInputs. `extra` has no wire field and is dropped; `churn` travels as
+build inputs go in PlanInputs. `extra` has no wire field and is dropped, except the window's
+available and achieved hit rates (prefix plans), which have their own; `churn` travels as
 `has_parent` + `churn` (has_parent is true exactly when the plan carries a churn figure).
 """
 
@@ -25,6 +26,7 @@ from services.core.plan import Plan, ShadowReport, SwitchDecision
 from services.core.prefixes import PrefixEntry, node_name, parse_node_name
 
 FORMAT = "cacheroute.plan/1"
+HIT_RATES = ("available_hit_rate", "achieved_hit_rate")     # the only `extra` figures on the wire
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,6 +219,9 @@ def plan_to_proto(plan: Plan) -> common_pb2.Plan:
     msg.prefixes.extend(common_pb2.PrefixEntry(node=parse_node_name(name), replicas=e.replicas, rate=e.rate,
                                                tokens=e.tokens, keys=e.keys)
                         for name, e in plan.prefixes.items())
+    for name in HIT_RATES:
+        if name in plan.extra:
+            setattr(msg, name, float(plan.extra[name]))
     if plan.decision is not None:
         msg.decision.CopyFrom(decision_to_proto(plan.decision))
     if plan.shadow is not None:
@@ -250,6 +255,7 @@ def plan_from_proto(msg: common_pb2.Plan) -> Plan:
         decision=decision_from_proto(msg.decision) if msg.HasField("decision") else None,
         shadow=shadow_from_proto(msg.shadow) if msg.HasField("shadow") else None,
         prefixes={node_name(e.node): PrefixEntry(tuple(e.replicas), e.rate, e.tokens, e.keys) for e in msg.prefixes},
+        extra={name: getattr(msg, name) for name in HIT_RATES if msg.HasField(name)},
     )
     if len(plan.prefixes) != len(msg.prefixes):
         raise ValueError("plan message repeats a prefix node")

@@ -28,9 +28,9 @@ arrival rate (every request through it needs its prefix).
 Placement. Nodes first, heaviest first: a node keeps the members it had in the active plan (by
 replica id) if they still exist, else the k least-loaded replicas; its load share is the rate of
 its arrivals from keys that are *not* admitted (those route by node); admitted keys through it
-carry their own load. Then keys (see `services.core.planning.build_prefix_plan`): a key whose
-deepest admitted node is deeper than the key's own prefix is placed on members of that node
-(its document lives there), so "key entry first" dispatch lands it where the node is warm.
+carry their own load. Then keys (`build_prefix_plan`): a key whose deepest admitted node covers
+at least half of the key's own reusable prefix is placed on members of that node (its document
+lives there), so "key entry first" dispatch lands it where the node is warm.
 
 Available hit rate. Over the window's arrivals, an infinite cache at node granularity hits,
 for each node, every arrival after the first on the tokens the node adds to its parent:
@@ -49,6 +49,8 @@ from services.core.request import BLOCK_TOKENS
 
 NODE_DEPTHS = (32, 64, 128, 256, 512, 1024, 2048, 4096)   # engine blocks
 MIN_KEYS = 2
+NODE_SHARE = 0.5       # a node serves a key (placement) or a cold request (dispatch) when it covers
+                       # at least this share of the reusable prefix (Preble's exploit rule)
 MAX_NODES = 200_000
 MAX_KEYS_PER_NODE = 256
 
@@ -278,14 +280,15 @@ def place_nodes(chosen: Sequence[tuple[NodeSample, float, int]], admitted_keys: 
 
 def key_attachments(samples: Sequence[NodeSample], admitted: Mapping[int, PrefixEntry],
                     key_tokens: Mapping[int, float]) -> dict[int, int]:
-    """key hash -> the deepest admitted node it reached whose tokens exceed the key's own prefix."""
+    """key hash -> the deepest admitted node it reached that covers at least NODE_SHARE of the
+    key's own reusable prefix (the key's document, not a system prompt it has grown past)."""
     best: dict[int, tuple[int, int]] = {}
     for s in samples:
         entry = admitted.get(s.node)
         if entry is None:
             continue
         for kh in s.keys:
-            if entry.tokens <= key_tokens.get(kh, 0.0):
+            if entry.tokens < NODE_SHARE * key_tokens.get(kh, 0.0):
                 continue
             cur = best.get(kh)
             if cur is None or (entry.tokens, -s.node) > (cur[0], -cur[1]):
@@ -314,8 +317,8 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
     tail has been sending it, so its prefix is already there), as long as that keeps the replica
     within limit = max(max(from-scratch LPT peak, mean) x (1 + tolerance), q_cap) (below its knee a
     replica is not overloaded, however uneven the predicted spread); otherwise it goes to the
-    least-loaded allowed replica. A key attached to a node (it reached an admitted node deeper
-    than its own prefix) is allowed only on that node's members. `churn` is against `active`.
+    least-loaded allowed replica. A key attached to a node (it reached an admitted node covering
+    at least half its own prefix) is allowed only on that node's members. `churn` is against `active`.
     """
     import numpy as np
 

@@ -255,3 +255,16 @@ def test_plan_show_and_diff_cover_prefix_nodes(tmp_path, capsys):
     assert main(["plan", "diff", str(a), str(b)]) == 0
     diff = json.loads(capsys.readouterr().out)
     assert diff["prefixes_kept"] + diff["prefixes_moved"] + diff["prefixes_added"] == len(moved.prefixes)
+
+
+def test_hit_rates_travel_on_the_wire():
+    import dataclasses
+
+    from services.codec import plan_from_proto, plan_to_proto
+
+    reqs, _ = doc_requests()
+    plan = plan_for(reqs)
+    plan = dataclasses.replace(plan, extra={**plan.extra, "achieved_hit_rate": 0.25})
+    back = plan_from_proto(plan_to_proto(plan))
+    assert back.extra == {"available_hit_rate": plan.extra["available_hit_rate"], "achieved_hit_rate": 0.25}
+    assert not plan_from_proto(plan_to_proto(dataclasses.replace(plan, extra={}))).extra

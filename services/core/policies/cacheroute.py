@@ -48,12 +48,11 @@ from typing import Mapping
 from services.core.policies._common import Ring, least_loaded, p2c
 from services.core.policies.chwbl import ChwblPolicy
 from services.core.policy import ClusterState, Pick, Reason
-from services.core.prefixes import NODE_DEPTHS, parse_node_name
+from services.core.prefixes import NODE_DEPTHS, NODE_SHARE, parse_node_name
 from services.core.request import Request
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL
 
 BALANCES = ("requests", "tokens")
-NODE_SHARE = 0.5          # a node routes a cold request when it covers >= half its prefix (Preble's exploit rule)
 BALANCE_FACTOR = 1.25
 SPILL_FLOOR = 8
 
