@@ -143,6 +143,7 @@ class LoopStatus:
     token: int = 0
     last_loop_at: float = 0.0
     last_outcome: str = ""
+    hit_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)   # available / achieved, last window
 
 
 class ControlLoop:
@@ -161,6 +162,7 @@ class ControlLoop:
         self._token: int | None = None
         self._lease_valid_until = 0.0          # monotonic; renewals that fail past this depose us
         self._last_loop_at = 0.0
+        self._hit_rates: dict[str, float] = {}
         self._last_outcome = "not run"
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -173,7 +175,7 @@ class ControlLoop:
         return self._token is not None and time.monotonic() < self._lease_valid_until
 
     def status(self) -> LoopStatus:
-        return LoopStatus(self.leader, self._token or 0, self._last_loop_at, self._last_outcome)
+        return LoopStatus(self.leader, self._token or 0, self._last_loop_at, self._last_outcome, dict(self._hit_rates))
 
     # ---- lifecycle
 
@@ -276,6 +278,8 @@ class ControlLoop:
                                            last_switch_at=last_switch_at.at if last_switch_at else 0.0,
                                            config=cfg.switching)
         self.counters.built(candidate, time.perf_counter() - started)
+        self._hit_rates = {k: candidate.extra[k] for k in ("available_hit_rate", "achieved_hit_rate")
+                           if k in candidate.extra}
         plan = dataclasses.replace(candidate, decision=decision)
         verdict = None
         if self.gate is not None:

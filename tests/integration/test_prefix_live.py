@@ -44,7 +44,7 @@ def test_new_keys_sharing_a_document_land_on_its_planned_replica_and_hit(redis_u
     async def main():
         collector = await serve_collector(CollectorConfig(server=ServerConfig(name="collector", port=0),
                                                           redis_url=redis_url))
-        fleet = await EngineFleet(4, time_scale=0.01).start()
+        fleet = await EngineFleet(4, time_scale=0.01, collector=collector.address, report_interval=0.1).start()
         loop = LoopConfig(replica_ids=tuple(fleet.ids), q_cap=50.0, warm_slots=4, interval=0.5, window_seconds=60,
                           planner_id="p1", prefix=True)
         planner = await serve_planner(PlannerConfig(server=ServerConfig(name="planner", port=0), loop=loop,
@@ -72,6 +72,15 @@ def test_new_keys_sharing_a_document_land_on_its_planned_replica_and_hit(redis_u
                 out["versions"] = {d.router.plan_version for d in ds}
                 # new keys, never seen: cold for the key table, planned by their document
                 out["new"] = [await first_chunk(stubs[k % 2], request(f"new-{k}", 0)) for k in range(8)]
+                from clients.cli.stack import planner_doc
+
+                def status():                                          # what `cacheroute status` prints
+                    with grpc.insecure_channel(planner.address) as ch:
+                        doc = planner_doc(ch, 2.0)
+                    return "achieved_hit_rate" in doc and doc
+                await wait_until(lambda: planner.loop.status().hit_rates.get("achieved_hit_rate") is not None,
+                                 timeout=10, step=0.1)
+                out["status"] = await asyncio.to_thread(status)
         finally:
             for d in ds:
                 await d.stop(0)
@@ -84,6 +93,7 @@ def test_new_keys_sharing_a_document_land_on_its_planned_replica_and_hit(redis_u
     assert len(out["versions"]) == 1                                      # both dispatchers hold one plan
     assert out["entry"].keys >= 2 and out["entry"].tokens == 16 * DOC_BLOCKS
     assert 0 < out["available"] <= 1
+    assert 0 < out["status"]["available_hit_rate"] <= 1 and 0 <= out["status"]["achieved_hit_rate"] <= 1
     new = out["new"]
     assert all(c.route.reason == common_pb2.ROUTE_REASON_PLANNED for c in new), [c.route for c in new]
     assert all(c.route.replica_id in out["members"] for c in new)          # the document's planned replica
