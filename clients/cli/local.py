@@ -230,7 +230,7 @@ class Demo:
         self.notes: list[str] = []
 
     async def run(self, runs: dict[str, list[Request]]) -> dict[str, Any]:
-        clients = spread_clients(self.dispatchers)
+        clients = spread_clients(self.dispatchers, token=self.token)
         control = AsyncCacheRouteClient(self.dispatchers, planner=self.planner, token=self.token, timeout=5.0)
         try:
             status = await control.planner_status()
@@ -283,7 +283,7 @@ class Demo:
         pending = list(self.dispatchers)
         while pending and asyncio.get_running_loop().time() < deadline:
             for address in list(pending):
-                async with AsyncCacheRouteClient(address, timeout=1.0) as one:
+                async with AsyncCacheRouteClient(address, token=self.token, timeout=1.0) as one:
                     if ready(await one.dispatcher_status()):
                         pending.remove(address)
             if pending:

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, planner_pb2, planner_pb2_grpc
 from clients.cli import CliError
 from clients.client import CacheRouteClient, RetryPolicy
-from services.rpc import env
+from services.rpc import env, read_secret
 
 DEFAULT_DISPATCHER = "127.0.0.1:50053"
 DEFAULT_PLANNER = "127.0.0.1:50051"
@@ -55,7 +55,8 @@ def add_route(sub: argparse._SubParsersAction) -> None:
 def run_route(args: argparse.Namespace) -> int:
     if (args.key is None) == (args.prompt is None):
         raise CliError("give a KEY or --prompt TEXT")
-    with CacheRouteClient(args.dispatcher, timeout=args.timeout, retry=RetryPolicy(rounds=2)) as client:
+    key = env("API_KEY") or read_secret(env("AUTH_TOKEN") or None, env("AUTH_TOKEN_FILE") or None)
+    with CacheRouteClient(args.dispatcher, api_key=key, timeout=args.timeout, retry=RetryPolicy(rounds=2)) as client:
         try:
             decision = client.route(args.key, prompt=args.prompt)
         except grpc.RpcError as err:

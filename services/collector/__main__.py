@@ -9,9 +9,10 @@ Environment variables (flags override them):
   CACHEROUTE_COLLECTOR_QUEUE (64)                  batches queued between streams and Redis writers
   CACHEROUTE_COLLECTOR_WRITERS (2)                 concurrent Redis writers
   CACHEROUTE_COLLECTOR_COALESCE (16)               queued batches merged into one round trip
-With a bearer token configured (CACHEROUTE_AUTH_TOKEN / --auth-token-file) the telemetry
-writes, ReportArrivals and ReportCacheStats, require it; GetRates stays open. Dispatchers and
-engines configured with the same token send it.
+  CACHEROUTE_MAX_RATES (10000)                     keys one GetRates answer carries at most (hottest first)
+With a bearer token configured (CACHEROUTE_AUTH_TOKEN / --auth-token-file) every collector RPC
+requires it: the telemetry writes, ReportArrivals and ReportCacheStats, and the GetRates read.
+Dispatchers and engines configured with the same token send it.
 """
 
 from __future__ import annotations
@@ -37,13 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Redis writer tasks (env CACHEROUTE_COLLECTOR_WRITERS, default 2)")
     p.add_argument("--coalesce", type=int, default=env_number("COLLECTOR_COALESCE", "16", int),
                    help="batches per round trip (env CACHEROUTE_COLLECTOR_COALESCE, default 16)")
+    p.add_argument("--max-rates", type=int, default=env_number("MAX_RATES", "10000", int),
+                   help="keys per GetRates answer at most (env CACHEROUTE_MAX_RATES, default 10000)")
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> CollectorConfig:
     return CollectorConfig(server=server_config("collector", args), redis_url=args.redis, key_prefix=args.key_prefix,
                            telemetry=telemetry_from_args(args), window_seconds=args.window,
-                           queue_size=args.queue_size, writers=args.writers, coalesce=args.coalesce)
+                           queue_size=args.queue_size, writers=args.writers, coalesce=args.coalesce,
+                           max_rates=args.max_rates)
 
 
 def main(argv: list[str] | None = None) -> int:

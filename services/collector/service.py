@@ -19,7 +19,8 @@ from services.store import Store, TelemetryConfig, open_store
 
 log = logging.getLogger("cacheroute.collector")
 SERVICE = "cacheroute.v1.Collector"
-PROTECTED = frozenset({"ReportArrivals", "ReportCacheStats"})   # with a token: forged telemetry skews plans
+# with a token: forged telemetry skews plans; GetRates is a costly read of every tenant's keys
+PROTECTED = frozenset({"ReportArrivals", "ReportCacheStats", "GetRates"})
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class CollectorConfig:
     queue_size: int = 64
     writers: int = 2
     coalesce: int = 16
+    max_rates: int = 10_000               # keys per GetRates answer at most
     clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
 
 
@@ -66,7 +68,8 @@ class CollectorService:
     async def start(self) -> "CollectorService":
         self.ingestor.start()
         servicer = CollectorServicer(self.ingestor, self.store, window_seconds=self.config.window_seconds,
-                                     clock=self.config.clock)
+                                     clock=self.config.clock, max_rates=self.config.max_rates,
+                                     max_message_bytes=self.config.server.max_message_bytes)
         self.running = await start_server(self.config.server,
                                           [(collector_pb2_grpc.add_CollectorServicer_to_server, servicer)],
                                           [SERVICE], protected_methods=PROTECTED, metrics=self.metrics)

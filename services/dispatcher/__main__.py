@@ -25,7 +25,10 @@ Environment variables (flags override them):
   CACHEROUTE_CALLER_TELEMETRY_RATE (100)    Route/RouteBatch arrivals per second one caller (tenant, else
                                             peer host) may add to the planner's input; 0 = no bound
                                             (services/dispatcher/budget.py). Generate arrivals count once served.
-  CACHEROUTE_CALLER_TELEMETRY_BURST (1000)  that budget's bucket size
+  CACHEROUTE_CALLER_TELEMETRY_BURST (200)   that budget's bucket size
+  CACHEROUTE_API_KEY / CACHEROUTE_API_KEY_FILE  accepted data-plane keys (key[:tenant] lines; services/auth.py).
+                                            With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
+                                            Route, RouteBatch and Generate require one of them; GetStatus stays open.
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
 """
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from services.auth import keyring
 from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.budget import BudgetConfig
 from services.dispatcher.servicer import KeyRules
@@ -66,8 +70,11 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--caller-telemetry-rate", type=float, default=env_number("CALLER_TELEMETRY_RATE", "100", float),
                    help="Route/RouteBatch arrivals/s one caller may add to the planner's input, 0 = unbounded "
                         "(env CACHEROUTE_CALLER_TELEMETRY_RATE, default 100)")
-    g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "1000", float),
-                   help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 1000)")
+    g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "200", float),
+                   help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 200)")
+    g.add_argument("--api-key", default=env("API_KEY") or None, help="accepted API key (env CACHEROUTE_API_KEY)")
+    g.add_argument("--api-key-file", default=env("API_KEY_FILE") or None,
+                   help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
     args = parser.parse_args(argv)
     try:
         replicas = parse_replicas(args.replicas or "", need_address=True)
@@ -81,13 +88,18 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst)
     except ValueError as exc:
         parser.error(str(exc))
+    server = server_config("dispatcher", args)
+    try:
+        ring = keyring(args.api_key, args.api_key_file, server.auth_token)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--api-key-file: {exc}")
     return DispatcherConfig(
-        server=server_config("dispatcher", args), replicas=replicas, dispatcher_id=args.dispatcher_id,
+        server=server, replicas=replicas, dispatcher_id=args.dispatcher_id,
         planner=args.planner, redis_url=args.redis, collector=args.collector,
         rules=KeyRules(blocks=args.key_blocks, tokens=args.key_tokens, max_batch=args.max_batch),
         cold=args.cold, prefix_nodes=bool(args.prefix_nodes), poll_interval=args.poll_interval, poll_timeout=args.poll_timeout,
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity, seed=args.seed,
-        budget=budget)
+        budget=budget, keyring=ring)
 
 
 def main(argv: list[str] | None = None) -> int:

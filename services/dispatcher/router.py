@@ -21,6 +21,7 @@ bounded telemetry buffer; no allocation beyond the tuple it appends.
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Iterable, Sequence
 
 from services.core.plan import Plan
@@ -74,6 +75,7 @@ class Router:
         self.telemetry_dropped = 0
         self.telemetry_capped = 0                    # arrivals left out: their caller was over its budget
         self._probe = _Probe()
+        self._rng = random.Random(seed)              # which arrivals of a capped batch are reported
 
     # ------------------------------------------------------------ the decision
 
@@ -120,17 +122,19 @@ class Router:
         else:
             self.telemetry_dropped += 1
 
-    def route_many(self, requests: Iterable[tuple[str, int, int]], now: float, report: int | None = None) -> list[Pick]:
+    def route_many(self, requests: Iterable[tuple[str, int, int]], now: float,
+                   report: tuple[int, int] | None = None) -> list[Pick]:
         """`route` for each (key, prompt_tokens, prefix_tokens) in order, with the lookups
-        hoisted out of the loop (RouteBatch). Only the first `report` arrivals (None: all) are
-        buffered for telemetry; the rest count as `telemetry_capped`. On NoHealthyReplica the
-        earlier ones stay routed."""
+        hoisted out of the loop (RouteBatch). `report` = (granted, total): buffer `granted` of
+        the `total` arrivals for telemetry, drawn at random through the batch (a uniform
+        sample, so the caller's key mix is kept whatever the batch's order); the rest count as
+        `telemetry_capped`. None: all. On NoHealthyReplica the earlier ones stay routed."""
         probe, pick, state = self._probe, self.policy.pick, self.state
         in_flight, recent, routed_to, counts = state.in_flight, self.recent, self.routed_to, self.counts
         buf, room = self.telemetry, self.telemetry_capacity - len(self.telemetry)
-        allowed = -1 if report is None else report
+        sample = None if report is None else set(self._rng.sample(range(report[1]), min(report)))
         out: list[Pick] = []
-        for key, prompt_tokens, prefix_tokens in requests:
+        for n, (key, prompt_tokens, prefix_tokens) in enumerate(requests):
             probe.key = key
             p = pick(probe, state)   # type: ignore[arg-type]
             i = p.replica
@@ -138,15 +142,13 @@ class Router:
             recent[i] += 1
             routed_to[i] += 1
             counts[p.reason] += 1
-            if allowed == 0:
+            if sample is not None and n not in sample:
                 self.telemetry_capped += 1
             elif room > 0:
                 buf.append((key, now, prompt_tokens, prefix_tokens))
                 room -= 1
-                allowed -= 1
             else:
                 self.telemetry_dropped += 1
-                allowed -= 1
             out.append(p)
         return out
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from cacheroute.v1 import dispatcher_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.auth import KeyRing
 from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.plans import PlanFeed
@@ -22,6 +23,7 @@ from services.store import RedisStore
 
 log = logging.getLogger("cacheroute.dispatcher")
 SERVICE = "cacheroute.v1.Dispatcher"
+DATA_PLANE = frozenset({"Route", "RouteBatch", "Generate"})   # need an accepted key when any is configured
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class DispatcherConfig:
     plan_backoff_max: float = 5.0
     seed: int | None = None
     budget: BudgetConfig = BudgetConfig()
+    keyring: KeyRing = KeyRing()          # data-plane API keys (services/auth.py); the token is added
 
 
 class RouterMetrics:
@@ -71,6 +74,15 @@ class RouterMetrics:
             load.add_metric([rid], r.state.in_flight[i])
         yield healthy
         yield load
+
+
+def data_plane_keys(config: DispatcherConfig) -> KeyRing:
+    """The configured keys plus the deployment token (empty tenant): a deployment with a token
+    never has an open data plane, however its config was built."""
+    keys = dict(config.keyring.keys)
+    if config.server.auth_token:
+        keys[config.server.auth_token] = ""
+    return KeyRing(keys)
 
 
 class DispatcherService:
@@ -103,11 +115,12 @@ class DispatcherService:
         await self.feed.start()
         metrics = RpcMetrics("dispatcher")
         metrics.registry.register(RouterMetrics(self.router))
+        ring = data_plane_keys(self.config)
         servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
-                                      budget=CallerBudget(self.config.budget))
+                                      budget=CallerBudget(self.config.budget), keyring=ring)
         self.running = await start_server(self.config.server,
                                           [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
-                                          [SERVICE], metrics=metrics)
+                                          [SERVICE], keyring=ring, keyring_methods=DATA_PLANE, metrics=metrics)
         if self.reporter is not None:
             self.reporter.start()
         log.info("dispatcher ready", extra=kv(id=self.config.dispatcher_id, replicas=len(self.router.ids),

@@ -4,7 +4,7 @@ and `ServerConfig`.
 Environment variables (flags override them; documented defaults in parentheses):
   CACHEROUTE_HOST (127.0.0.1)            address to bind
   CACHEROUTE_METRICS_HOST (127.0.0.1)    Prometheus HTTP bind address
-  CACHEROUTE_AUTH_TOKEN / _FILE          bearer token required on control and telemetry-write RPCs,
+  CACHEROUTE_AUTH_TOKEN / _FILE          bearer token required on control, telemetry and data-plane RPCs,
                                          and sent by the services that call them (none)
   CACHEROUTE_TLS_CERT, _TLS_KEY          server certificate and key (PEM files; plaintext if unset)
   CACHEROUTE_TLS_CLIENT_CA               require client certificates signed by this CA (mTLS)

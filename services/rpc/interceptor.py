@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 import grpc
 
+from services.auth import AuthError
 from services.errors import InvalidArgument, status_for
 from services.rpc.logs import kv
 from services.rpc.metrics import RpcMetrics
@@ -70,11 +71,14 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     audit record for every call of an audited method."""
 
     def __init__(self, auth_token: str | None, protected: frozenset[str], metrics: RpcMetrics,
-                 audited: frozenset[str] = frozenset()) -> None:
+                 audited: frozenset[str] = frozenset(), keyring: Any = None,
+                 keyring_methods: frozenset[str] = frozenset()) -> None:
         self.auth_token = auth_token
         self.protected = protected
         self.metrics = metrics
         self.audited = audited
+        self.keyring = keyring                  # services.auth.KeyRing for the data-plane methods
+        self.keyring_methods = keyring_methods
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -89,7 +93,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         return _wrap(handler, method, denial, self.metrics, credential)
 
     def _check_auth(self, method: str, metadata) -> tuple[grpc.StatusCode, str] | None:
-        if not self.auth_token or method.rsplit("/", 1)[-1] not in self.protected:
+        short = method.rsplit("/", 1)[-1]
+        if short in self.keyring_methods:
+            return _check_key(self.keyring, metadata)
+        if not self.auth_token or short not in self.protected:
             return None
         token = _bearer(metadata)
         if token is None:
@@ -97,6 +104,22 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if not hmac.compare_digest(token.encode(), self.auth_token.encode()):
             return grpc.StatusCode.PERMISSION_DENIED, "invalid bearer token"
         return None
+
+
+def _check_key(keyring: Any, metadata) -> tuple[grpc.StatusCode, str] | None:
+    """A data-plane call against the key ring (API keys and the deployment token): None if
+    accepted or nothing is required; UNAUTHENTICATED without a key, PERMISSION_DENIED with a
+    wrong one or a non-Bearer scheme."""
+    if keyring is None or not keyring.enabled:
+        return None
+    presented = _bearer(metadata)
+    if presented == "":
+        return grpc.StatusCode.PERMISSION_DENIED, "authorization is not a Bearer credential"
+    try:
+        keyring.tenant_of(presented)
+    except AuthError as exc:
+        return (grpc.StatusCode.UNAUTHENTICATED if exc.missing else grpc.StatusCode.PERMISSION_DENIED), str(exc)
+    return None
 
 
 class _Malformed:

@@ -77,6 +77,8 @@ async def start_server(
     *,
     protected_methods: Iterable[str] = (),
     audited_methods: Iterable[str] = (),
+    keyring: Any = None,
+    keyring_methods: Iterable[str] = (),
     metrics: RpcMetrics | None = None,
 ) -> RunningServer:
     """Start an aio server with health, reflection, the interceptor and (optionally) metrics.
@@ -85,13 +87,15 @@ async def start_server(
     `service_names` are their full names (e.g. "cacheroute.v1.Planner");
     `protected_methods` are method names that need the bearer token when one is configured;
     every call of an `audited_methods` method, allowed or denied, leaves a `cacheroute.audit`
-    record (method, caller address, outcome; never the token).
+    record (method, caller address, outcome; never the token); `keyring_methods` need a key
+    accepted by `keyring` (services.auth.KeyRing: API keys and the deployment token) when it
+    has any (the data plane).
     """
     metrics = metrics or RpcMetrics(config.name)
     names = tuple(service_names)
     server = grpc.aio.server(
         interceptors=[ServiceInterceptor(config.auth_token, frozenset(protected_methods), metrics,
-                                         frozenset(audited_methods))],
+                                         frozenset(audited_methods), keyring, frozenset(keyring_methods))],
         options=channel_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=None,
     )
@@ -116,7 +120,8 @@ async def start_server(
         running.metrics_port = httpd.server_port
     await running.set_serving(True)
     log.info("serving", extra=kv(address=running.address, metrics_port=running.metrics_port,
-                                 tls=config.tls.server_enabled, auth=bool(config.auth_token)))
+                                 tls=config.tls.server_enabled, auth=bool(config.auth_token),
+                                 data_plane_keys=bool(keyring is not None and keyring.enabled)))
     return running
 
 
