@@ -56,8 +56,12 @@ class Router:
         self.prefix_nodes = prefix_nodes
         self.policy = make_policy("cacheroute-prefix" if prefix_nodes else "cacheroute", n,
                                   seed=seed if seed is not None else 0, cold=cold)
-        # uncached prompt tokens this dispatcher sent each replica whose first token has not come
-        # back yet (Generate only): the token-balance signal, ClusterState.prefill_tokens
+        # the token-balance signal, ClusterState.prefill_tokens: the larger of the engine's reported
+        # prefill backlog (EngineStats.prefill_tokens, shared by every dispatcher) and the prompt
+        # tokens of this dispatcher's own Generate streams with no first token yet (all there is
+        # behind an engine that does not report a backlog)
+        self.engine_prefill = [0] * n
+        self.local_prefill = [0] * n
         self.state = ClusterState.empty(n)
         self.state.healthy[:] = [False] * n          # until the first health poll says otherwise
         self.engine_load = [0] * n                   # waiting + running at the last stats poll
@@ -201,6 +205,8 @@ class Router:
         self.state.in_flight[i] = self.engine_load[i] + self.recent[i]
         self.state.kv_usage[i] = kv_usage
         self.engine_stats[i] = stats
+        self.engine_prefill[i] = getattr(stats, "prefill_tokens", 0) or 0
+        self.state.prefill_tokens[i] = max(self.engine_prefill[i], self.local_prefill[i])
 
     def set_healthy(self, i: int, healthy: bool) -> bool:
         """Mark replica i; True if that changed its health."""
@@ -212,10 +218,12 @@ class Router:
         return self._index[replica_id]
 
     def prefill_started(self, i: int, tokens: int) -> None:
-        self.state.prefill_tokens[i] += tokens
+        self.local_prefill[i] += tokens
+        self.state.prefill_tokens[i] = max(self.engine_prefill[i], self.local_prefill[i])
 
     def prefill_done(self, i: int, tokens: int) -> None:
-        self.state.prefill_tokens[i] = max(0, self.state.prefill_tokens[i] - tokens)
+        self.local_prefill[i] = max(0, self.local_prefill[i] - tokens)
+        self.state.prefill_tokens[i] = max(self.engine_prefill[i], self.local_prefill[i])
 
     def stream_opened(self, i: int) -> None:
         self.outstanding[i] += 1
