@@ -357,7 +357,6 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
     window = float(window_seconds)
     picked = admit_nodes(candidates(samples, min_keys), window, q_cap, len(usable), left) if window > 0 else []
     draft = {s.node: PrefixEntry((), rate, s.tokens, len(s.keys)) for s, rate, _ in picked}
-    hashes = {key_hash(key): key for key in keys}
     admitted_h = {key_hash(key) for key in order}
     tokens_h = {key_hash(key): float(t) for key, t in zip(keys, ptok.tolist())}
     attach_cold = key_attachments(samples, draft, {})              # cold keys route by their deepest node
@@ -410,7 +409,6 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
         for r in row:
             loads[r] += share
         table[key] = tuple(sorted(row))
-    del hashes
 
     extra = {"prefix_candidates": len(draft), "tolerance": tolerance, "scratch_peak": scratch_peak}
     if prompt_tokens > 0:

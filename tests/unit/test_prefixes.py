@@ -268,3 +268,24 @@ def test_hit_rates_travel_on_the_wire():
     back = plan_from_proto(plan_to_proto(plan))
     assert back.extra == {"available_hit_rate": plan.extra["available_hit_rate"], "achieved_hit_rate": 0.25}
     assert not plan_from_proto(plan_to_proto(dataclasses.replace(plan, extra={}))).extra
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.booleans(), min_size=4, max_size=4), st.lists(st.integers(0, 20_000), min_size=4, max_size=4),
+       st.integers(0, 11), st.sampled_from(["requests", "tokens"]), st.booleans())
+def test_pick_is_healthy_or_raises(healthy, backlog, which, balance, guard):
+    from services.core.policy import NoHealthyReplica
+
+    reqs, _ = doc_requests()
+    policy = make_policy("cacheroute-prefix", 4, balance=balance, balance_factor=1.25 if guard else None)
+    policy.set_plan(plan_for(reqs[:6]))
+    st_ = state()
+    st_.healthy[:] = healthy
+    st_.prefill_tokens[:] = backlog
+    st_.in_flight[:] = [b // 1000 for b in backlog]
+    q = reqs[which]
+    if not any(healthy):
+        with pytest.raises(NoHealthyReplica):
+            policy.pick(q, st_)
+        return
+    assert healthy[policy.pick(q, st_).replica]
