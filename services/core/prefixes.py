@@ -315,8 +315,7 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
     a node keeps its active members; a key keeps its active replicas, or, newly admitted, starts
     on its cold-tail owner (the first healthy replica of its consistent-hash ring, where the cold
     tail has been sending it, so its prefix is already there), as long as that keeps the replica
-    within limit = max(max(from-scratch LPT peak, mean) x (1 + tolerance), q_cap) (below its knee a
-    replica is not overloaded, however uneven the predicted spread); otherwise it goes to the
+    within limit = max(from-scratch LPT peak, mean) x (1 + tolerance); otherwise it goes to the
     least-loaded allowed replica. A key attached to a node (it reached an admitted node covering
     at least half its own prefix) is allowed only on that node's members. `churn` is against `active`.
     """
@@ -388,8 +387,7 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
                            0.0) if order else ([], [0.0] * len(usable))
     scratch_peak = max(base[r] + s for r, s in zip(usable, scratch)) if order else max(base)
     total = math.fsum(base) + math.fsum(lam.values())
-    # absolute headroom: below q_cap (the knee) a replica is not overloaded, whatever the spread
-    limit = max(max(scratch_peak, total / len(usable)) * (1.0 + tolerance), q_cap)
+    limit = max(scratch_peak, total / len(usable)) * (1.0 + tolerance)
     key_anchor = _key_anchors(active, replica_ids, order)
     ring = Ring(R)
     table: dict[str, tuple[int, ...]] = {}

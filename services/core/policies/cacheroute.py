@@ -148,10 +148,14 @@ class CacheRoutePolicy:
         """balance="tokens": the home set H is the key's planned members, else the members of the
         deepest planned prefix node on the request's chain, else the key's ring owner (the cold
         tail). The least-backlogged healthy member of H (backlog = `prefill_tokens`, uncached
-        prompt tokens queued) wins unless another replica's backlog is lower than the home's
-        minus the tokens the home saves (the request's reusable prefix x reuse_weight): a replica
-        is worth leaving only when its queue costs more than the prefill its cache spares. With
-        `balance_factor` set, members must also meet the in-flight bound."""
+        prompt tokens queued) wins unless its backlog exceeds the tokens it saves (the request's
+        reusable prefix x reuse_weight) and some replica's backlog is lower than the home's minus
+        that saving: a replica is worth leaving only when its queue costs more than the prefill
+        its cache spares. The spill goes to the first such replica on the key's ring (as the
+        overload guard's spill does), not the globally least busy: scattering spills re-prefills
+        the prefix everywhere, which adds work exactly when there is too much (measured: the
+        flagship K=128 collapsed above 200 QPS that way). With `balance_factor` set, members must
+        also meet the in-flight bound."""
         members = self._table.get(request.key)
         reason = Reason.PLANNED
         healthy = state.healthy
@@ -177,15 +181,16 @@ class CacheRoutePolicy:
                 return Pick(p2c(self._rng, state), Reason.FALLBACK)
             return Pick(self._spill(request.key, state, bound), Reason.FALLBACK)
         saved = request.prefix_tokens * self.reuse_weight
-        away, away_key = -1, None
-        for r in range(len(load)):
-            if healthy[r] and load[r] + 1 <= bound and r not in members:
-                k = (backlog[r], load[r])
-                if away_key is None or k < away_key:
-                    away, away_key = r, k
-        if away < 0 or backlog[home] - saved <= backlog[away]:
+        limit = backlog[home] - saved
+        if limit <= 0:
             return Pick(home, reason)
-        return Pick(away, Reason.FALLBACK)
+        # the home's queue costs more than its cache saves: the first replica on the key's ring
+        # whose queue is shorter by that much (walking the key's own ring keeps one key's spill
+        # on few replicas, so the spilled prefix warms there instead of everywhere)
+        for r in self._spill_ring.walk(request.key):
+            if healthy[r] and backlog[r] < limit and load[r] + 1 <= bound and r not in members:
+                return Pick(r, Reason.FALLBACK)
+        return Pick(home, reason)
 
     def _bound(self, state: ClusterState) -> float:
         """The in-flight bound of the overload guard (inf with the guard off)."""
@@ -237,7 +242,7 @@ class CacheRoutePolicy:
         return least_loaded(range(len(load)), state)      # unreachable for c >= 1
 
 
-PREFIX_KNOBS = {"prefix": True, "balance": "tokens", "balance_factor": None, "reuse_weight": 2.0}
+PREFIX_KNOBS = {"prefix": True, "balance": "tokens", "balance_factor": None, "reuse_weight": 4.0}
 
 
 def prefix_policy(replicas: int, *, rng: random.Random, **knobs) -> CacheRoutePolicy:
