@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from services.core.plan import Plan
+from services.core.rates import nested_window_rates
 from services.core.switching import SwitchConfig
 from services.errors import FailedPrecondition, Unavailable
-from services.model import ControlState, Mode
+from services.model import ControlState, Mode, RatesSnapshot
 from services.planner.candidate import BuildInputs, propose
 from services.rpc import kv, stop_tasks
 from services.store import Fenced, FlatMode, Pinned, StaleVersion, Store
@@ -54,6 +55,29 @@ def switching_config(knobs: Mapping[str, float]) -> SwitchConfig:
     return cls(**knobs)
 
 
+async def history_snapshot(store: Store, now: float, window: float, horizon: float, history: float) -> RatesSnapshot:
+    """Per-key rates as an EWMA over the collector's buckets (services.core.rates.nested_window_rates):
+    nested windows of `window`, 2x, 4x ... seconds up to `history`, slices weighted by e^(-age/horizon).
+    Stateless, so a new lease holder computes the same rates. Keys, prompt and prefix means come from
+    the longest window; the snapshot id names every window read."""
+    spans = [window]
+    while spans[-1] * 2 < history:
+        spans.append(spans[-1] * 2)
+    if history > spans[-1]:
+        spans.append(history)
+    snaps = [await store.window_rates(now, span) for span in spans]
+    rates = nested_window_rates([(sn.window_seconds, {k: r * sn.window_seconds for k, r in zip(sn.keys, sn.rates)})
+                                 for sn in snaps], horizon)
+    longest = snaps[-1]
+    prompt = dict(zip(longest.keys, longest.mean_prompt_tokens))
+    prefix = longest.prefix_map()
+    keys = tuple(sorted(rates, key=lambda k: (-rates[k], k)))
+    return dataclasses.replace(longest, snapshot_id="ewma:" + "+".join(sn.snapshot_id for sn in snaps),
+                               keys=keys, rates=tuple(rates[k] for k in keys),
+                               mean_prompt_tokens=tuple(prompt.get(k, 0.0) for k in keys),
+                               mean_prefix_tokens=tuple(prefix.get(k, 0.0) for k in keys))
+
+
 @dataclass(frozen=True)
 class LoopConfig:
     replica_ids: tuple[str, ...]
@@ -68,6 +92,8 @@ class LoopConfig:
     keep_versions: int = 500
     min_arrivals: int = 1
     max_moves: int | None = None          # incremental rebalancing moves per loop (None: unbounded)
+    rate_horizon: float | None = None     # EWMA horizon of per-key rates (None: the last window only)
+    rate_history: float = 0.0             # longest telemetry span the EWMA reads (<= retention)
     prefix: bool = False                  # prefix-aware plans from the collector's prefix-node counts
 
 
@@ -206,7 +232,10 @@ class ControlLoop:
     async def run_once(self, token: int | None) -> str:
         """One interval; returns a one-line outcome."""
         cfg, store, now = self.config, self.store, self.clock()
-        snap = await store.window_rates(now, cfg.window_seconds)
+        if cfg.rate_horizon is None:
+            snap = await store.window_rates(now, cfg.window_seconds)
+        else:
+            snap = await history_snapshot(store, now, cfg.window_seconds, cfg.rate_horizon, cfg.rate_history)
         if snap.total_arrivals < cfg.min_arrivals:
             return f"skipped: {snap.total_arrivals} arrivals in the window"
         inputs = BuildInputs.from_snapshot(snap, self.replicas(), cfg.q_cap, cfg.warm_slots)

@@ -26,7 +26,12 @@ Router view (ClusterState)
 
 Planned policies (PLANNED) are re-planned every `control_interval` virtual seconds from
 arrival counts per key over the last `rate_window` seconds measured inside the run (no
-oracle rates), through `plan_fn` (default: a fresh services.core.planning.build_plan). Until
+oracle rates), through `plan_fn` (default: a fresh services.core.planning.build_plan).
+Rate history (`rate_horizon`): instead of the last window alone, per-key rates are an
+exponentially weighted average over that horizon (services.core.rates.RateHistory, folded
+once per re-plan with the window's counts). `rate_prior` seeds it with rates known before
+the run (aggregated history, as the paper's planner has), weighted as `rate_prior_seconds`
+of observation; it needs a horizon (a prior without one is ignored). Until
 the first plan they run their cold path; `first_plan_at` (if earlier than the first interval)
 bootstraps a plan from the arrivals so far, the way a planner seeds a new cluster from its
 first telemetry, so a cold-path backlog built before the first plan does not leak into the
@@ -79,6 +84,9 @@ class SimConfig:
     control_interval: float = 30.0        # re-plan period (planned policies)
     first_plan_at: float | None = None    # bootstrap plan from the arrivals so far; None: no bootstrap
     rate_window: float | None = None      # rate window; None: the control interval
+    rate_horizon: float | None = None     # EWMA horizon of per-key rates; None: the last window only
+    rate_prior: tuple[tuple[str, float, int], ...] = ()   # (key, req/s, prefix tokens) known before t = 0
+    rate_prior_seconds: float = 0.0       # how much history rate_prior summarises (its EWMA weight)
     q_cap: float | None = None            # req/s per replica at the knee; None: calibrate
     warm_slots: int | None = None         # W; None: derived each interval (calibrate.warm_slots)
     w_safety: float = 0.5                 # share of the KV cache W may fill with prefixes
@@ -200,7 +208,13 @@ class Simulator:
         self._failed = [False] * n
         self._counts: Counter[str] = Counter()
         self._counted_since = 0.0
-        self._prefix: dict[str, int] = {}
+        self._prefix: dict[str, int] = {k: p for k, _, p in config.rate_prior}
+        self._history = None
+        if config.rate_horizon is not None:
+            from services.core.rates import RateHistory
+
+            self._history = RateHistory.seeded(config.rate_horizon, {k: r for k, r, _ in config.rate_prior},
+                                               config.rate_prior_seconds)
         self._nodes = None
         if self.planned and getattr(policy, "prefix", False):
             from services.core.prefixes import PrefixCounter, key_hash
@@ -366,6 +380,9 @@ class Simulator:
             window = t - self._counted_since    # after a bootstrap plan: the counts cover less
         counts, self._counts = self._counts, Counter()
         self._counted_since = t
+        if self._history is not None:
+            self._history = self._history.fold(counts, window)
+            counts, window = dict(self._history.counts), self._history.seconds
         if not counts:
             return
         keys = list(counts)
