@@ -254,7 +254,7 @@ class RedisStore(Store):
                 for field, n in rows.items():
                     args += (field, n)
                 keys = [self._tb(idx, f"seenp:{batch_id}"), self._tb(idx, "pfx")]
-                await self._prefix(keys=keys, args=args, client=pipe)
+                await self._queue_script(pipe, self._prefix, keys, args)
             results = await pipe.execute()
         return any(bool(r) for r in results)
 
