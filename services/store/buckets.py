@@ -99,7 +99,8 @@ def window_buckets(now: float, window_seconds: float, cfg: TelemetryConfig) -> t
     return first, last, first * cfg.bucket_seconds
 
 
-def snapshot(first: int, last: int, start: float, now: float, totals: dict[str, list[int]]) -> RatesSnapshot:
+def snapshot(first: int, last: int, start: float, now: float, totals: dict[str, list[int]],
+             untracked: int = 0) -> RatesSnapshot:
     """Window sums -> rates over the span from the first bucket's start to `now`; the id names
     the bucket range and a digest of the counts, so identical data gives the same id."""
     span = max(now - start, 1e-9)
@@ -110,14 +111,36 @@ def snapshot(first: int, last: int, start: float, now: float, totals: dict[str, 
         digest.update(k.encode())
         digest.update(b"\0%d\0" % n)
     return RatesSnapshot(
-        snapshot_id=f"b{first}-{last}-{digest.hexdigest()}",
+        snapshot_id=f"b{first}-{last}-{digest.hexdigest()}" + (f"-u{untracked}" if untracked else ""),
         start=start, end=now, window_seconds=span,
-        total_arrivals=sum(v[0] for _, v in ranked),
+        total_arrivals=sum(v[0] for _, v in ranked) + untracked,
+        untracked_arrivals=untracked,
         keys=tuple(k for k, _ in ranked),
         rates=tuple(v[0] / span for _, v in ranked),
         mean_prompt_tokens=tuple(v[1] / v[0] for _, v in ranked),
         mean_prefix_tokens=tuple(v[2] / v[0] for _, v in ranked),
     )
+
+
+CACHE_COUNTER_LIMIT = 2**62     # a lifetime cache counter stops here (Redis HINCRBY fails at 2**63)
+
+
+def cap_new_keys(counts: dict[str, list[int]], present, have: int, cap: int) -> tuple[dict[str, list[int]], int]:
+    """Which of a bucket write's keys get their own counts: keys already in the bucket, and new
+    ones (in order) while the bucket holds fewer than `cap` keys (0: no cap); returns those and
+    the arrivals of the rest (the untracked total). `present(key)` says if a key is in it."""
+    if not cap:
+        return counts, 0
+    kept, untracked = {}, 0
+    for key, row in counts.items():
+        if present(key):
+            kept[key] = row
+        elif have < cap:
+            kept[key] = row
+            have += 1
+        else:
+            untracked += row[0]
+    return kept, untracked
 
 
 def counters(rows: dict[str, list[int]]) -> dict[str, CacheCounters]:
