@@ -67,6 +67,7 @@ def _load_scripts() -> dict[str, str]:
 
 
 SCRIPTS = _load_scripts()
+WINDOW_READ_TIMEOUT = 30.0   # seconds a window read (worker thread) may wait for Redis's reply
 
 
 def _token_arg(fencing_token: int | None) -> str | int:
@@ -228,7 +229,8 @@ class RedisStore(Store):
         if self._sync is None:
             import redis
 
-            self._sync = redis.Redis.from_url(self.url, socket_timeout=self._timeout,
+            # a big window is a big reply: allow it time (it blocks only this worker thread)
+            self._sync = redis.Redis.from_url(self.url, socket_timeout=max(self._timeout, WINDOW_READ_TIMEOUT),
                                               socket_connect_timeout=self._timeout, retry_on_timeout=False)
         return self._sync
 
