@@ -1,8 +1,10 @@
 """The dispatcher's routing state: replicas, load signals, the active plan, counters.
 
 The decision itself is the `cacheroute` policy (services.core.policies.cacheroute): an
-admitted key goes to the least-loaded healthy member of T(b) (PLANNED), a cold key to
-power-of-two choices (COLD), everything P2C in flat mode (FALLBACK). This class keeps
+admitted key goes to the least-loaded healthy member of T(b) (PLANNED), a cold key to the
+cold tail (COLD: `cold`, default services.model.DEFAULT_COLD_TAIL = "chwbl", bounded-load
+consistent hashing on the key, so every dispatcher with the same replica list agrees; or
+"p2c", power of two choices), everything P2C in flat mode (FALLBACK). This class keeps
 the policy's `ClusterState` current and counts what it did; it does no I/O.
 
 Load signal (`ClusterState.in_flight`): each replica's queue as the engine last reported
