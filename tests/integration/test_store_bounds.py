@@ -1,6 +1,6 @@
 """Issue 16, items 3-5: bounded key growth, GetRates that neither explodes nor stalls
 ingestion, cache counters that cannot overflow int64, capped batch ids, a bounded embedded
-Redis. Store rules run against both stores (real redis-server and MemoryStore)."""
+Redis. Store rules run against every store (redis-server, a Redis Cluster, MemoryStore)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ TOKEN = "bounds-token"
 AUTH = [("authorization", f"Bearer {TOKEN}")]
 
 
-@pytest.fixture(params=["redis", "memory"])
+@pytest.fixture(params=["redis", "redis-cluster", "memory"])
 def make_store(request):
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
+    if request.param != "memory":
+        url = request.getfixturevalue("redis_url" if request.param == "redis" else "redis_cluster_url")
         return lambda cfg=CAPPED: RedisStore(url, telemetry=cfg)
     return lambda cfg=CAPPED: MemoryStore(cfg)
 
