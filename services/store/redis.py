@@ -45,7 +45,7 @@ from services.store.buckets import (
 )
 from services.store.config import TelemetryConfig
 from services.store.connect import async_client, parse_redis_url, sync_client
-from services.store.contract import HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
+from services.store.contract import PREFIX_FIELDS_PER_BUCKET, HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
 from services.store.keys import (
     Keys,
     arrival_from_log,
@@ -108,6 +108,7 @@ class RedisStore(Store):
         r = self._redis
         self._arrivals = r.register_script(SCRIPTS["arrivals"])
         self._cache = r.register_script(SCRIPTS["cache"])
+        self._prefix = r.register_script(SCRIPTS["prefix"])
         self._put_plan = r.register_script(SCRIPTS["put_plan"])
         self._activate = r.register_script(SCRIPTS["activate"])
         self._set_mode = r.register_script(SCRIPTS["set_mode"])
@@ -244,6 +245,35 @@ class RedisStore(Store):
         async with self._guard():
             reply = await self._cache(keys=keys, args=args)
         return CacheStatsWrite(bool(int(reply[0])), tuple(r.decode() for r in reply[1:]))
+
+    async def record_prefix_counts(self, batch_id: str, counts: Sequence[tuple[float, str, int]]) -> bool:
+        # one script per bucket (each bucket's keys share its hash tag), all in one pipeline
+        cfg = self.telemetry
+        parts: dict[int, dict[str, int]] = {}
+        for t, field, n in counts:
+            bucket = parts.setdefault(cfg.bucket(t), {})
+            bucket[field] = bucket.get(field, 0) + n
+        if not parts:
+            return True
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            for idx, rows in parts.items():
+                args: list[object] = [cfg.ttl, "1" if batch_id else "0", PREFIX_FIELDS_PER_BUCKET]
+                for field, n in rows.items():
+                    args += (field, n)
+                keys = [self._tb(idx, f"seenp:{batch_id}"), self._tb(idx, "pfx")]
+                await self._queue_script(pipe, self._prefix, keys, args)
+            results = await pipe.execute()
+        return any(bool(r) for r in results)
+
+    async def prefix_counts(self, now: float, window_seconds: float) -> dict[str, int]:
+        first, last, _ = window_buckets(now, window_seconds, self.telemetry)
+        out: dict[str, int] = {}
+        for row in await self._hashes(self._tb(i, "pfx") for i in range(first, last + 1)):
+            for field, n in row.items():
+                name = field.decode()
+                out[name] = out.get(name, 0) + int(n)
+        return out
 
     async def _hashes(self, names: Iterable[str]) -> list[dict[bytes, bytes]]:
         async with self._guard():
