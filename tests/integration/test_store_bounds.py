@@ -133,10 +133,10 @@ def test_the_issue_key_flood_stays_bounded_and_get_rates_is_capped(redis_url):
             async with grpc.aio.insecure_channel(service.address) as ch:
                 stub = collector_pb2_grpc.CollectorStub(ch)
                 for c in range(calls):
-                    await stub.ReportArrivals(iter([batch(c)]), metadata=AUTH, timeout=30)
+                    await stub.ReportArrivals(iter([batch(c)]), metadata=AUTH, timeout=120)
                 sizes = [r.hlen(k) for k in r.scan_iter("cr:{tb:*}:n")]
                 used = r.info("memory")["used_memory"]
-                answer = await stub.GetRates(pb.GetRatesRequest(window_seconds=600), metadata=AUTH, timeout=30)
+                answer = await stub.GetRates(pb.GetRatesRequest(window_seconds=600), metadata=AUTH, timeout=120)
                 try:
                     await stub.GetRates(pb.GetRatesRequest(window_seconds=600), timeout=30)
                     unauth = "OK"
