@@ -30,6 +30,7 @@ import grpc
 from cacheroute.v1 import (
     common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2, planner_pb2, planner_pb2_grpc,
 )
+from services.planwire import SliceAssembler
 from services.rpc import TLSFiles, channel_options
 
 DEFAULT_TIMEOUT = 2.0
@@ -75,6 +76,17 @@ def generate_request(prompt: str | None = None, *, blocks: Sequence[int] | None 
         req.blocks.block_hashes.extend(blocks or ())
         req.blocks.prompt_tokens = prompt_tokens
     return req
+
+
+def _complete(update: planner_pb2.PlanUpdate, slices: SliceAssembler) -> bool:
+    """Fold a WatchPlans chunk in; True when `update` now holds a whole update."""
+    if not update.active_version:
+        return True
+    whole = slices.add(update.plan)
+    if whole is None:
+        return False
+    update.plan.CopyFrom(whole)
+    return True
 
 
 def _mode(mode: str | int) -> int:
@@ -255,9 +267,17 @@ class CacheRouteClient(_Base):
 
     def get_plan(self, version: int = 0, *, summary_only: bool = False,
                  timeout: float | None = None) -> common_pb2.Plan:
-        """A stored plan version (0: the active one)."""
-        return self._call(self._planners, "GetPlan", planner_pb2.GetPlanRequest(version=version, summary_only=summary_only),
-                          idempotent=True, timeout=timeout)
+        """A stored plan version (0: the active one); a table above the message limit is
+        fetched page by page and returned whole."""
+        req = planner_pb2.GetPlanRequest(version=version, summary_only=summary_only, max_bytes=self._max_message_bytes)
+        slices = SliceAssembler()
+        while True:
+            page = self._call(self._planners, "GetPlan", req, idempotent=True, timeout=timeout)
+            whole = slices.add(page)
+            if whole is not None:
+                return whole
+            req = planner_pb2.GetPlanRequest(version=page.version, table_offset=page.table_offset + len(page.table),
+                                             max_bytes=self._max_message_bytes)
 
     def list_plans(self, limit: int = 0, before_version: int = 0, *,
                    timeout: float | None = None) -> planner_pb2.ListPlansResponse:
@@ -276,11 +296,15 @@ class CacheRouteClient(_Base):
     def watch_plans(self, known_version: int = 0, *, include_table: bool = False,
                     timeout: float | None = None) -> Iterator[planner_pb2.PlanUpdate]:
         """The active plan now, then every activation, rollback or mode change (from the first planner that answers)."""
-        req = planner_pb2.WatchPlansRequest(known_version=known_version, include_table=include_table)
+        req = planner_pb2.WatchPlansRequest(known_version=known_version, include_table=include_table,
+                                            max_chunk_bytes=self._max_message_bytes)
         address = self._planners.order()[0]
         call = self._planners.stub(address).WatchPlans(req, timeout=timeout)
+        slices = SliceAssembler()
         try:
-            yield from call
+            for update in call:
+                if _complete(update, slices):
+                    yield update
         finally:
             call.cancel()
 
@@ -296,7 +320,10 @@ class CacheRouteClient(_Base):
         req = planner_pb2.BuildPlanRequest(rates=rates, replica_ids=replica_ids, q_cap=q_cap, warm_slots=warm_slots,
                                            incremental=incremental, activate=activate,
                                            expected_active_version=expected_active_version, shadow=shadow)
-        return self._call(self._planners, "BuildPlan", req, idempotent=False, timeout=timeout, metadata=self._auth())
+        reply = self._call(self._planners, "BuildPlan", req, idempotent=False, timeout=timeout, metadata=self._auth())
+        if reply.plan.table_size:   # a table above the message limit: its first slice; page the rest
+            reply.plan.CopyFrom(self.get_plan(reply.plan.version, timeout=timeout))
+        return reply
 
     def activate_plan(self, version: int, expected_active_version: int, reason: str = "", *,
                       timeout: float | None = None) -> planner_pb2.ControlResponse:
@@ -414,9 +441,15 @@ class AsyncCacheRouteClient(_Base):
 
     async def get_plan(self, version: int = 0, *, summary_only: bool = False,
                        timeout: float | None = None) -> common_pb2.Plan:
-        return await self._call(self._planners, "GetPlan",
-                                planner_pb2.GetPlanRequest(version=version, summary_only=summary_only),
-                                idempotent=True, timeout=timeout)
+        req = planner_pb2.GetPlanRequest(version=version, summary_only=summary_only, max_bytes=self._max_message_bytes)
+        slices = SliceAssembler()
+        while True:
+            page = await self._call(self._planners, "GetPlan", req, idempotent=True, timeout=timeout)
+            whole = slices.add(page)
+            if whole is not None:
+                return whole
+            req = planner_pb2.GetPlanRequest(version=page.version, table_offset=page.table_offset + len(page.table),
+                                             max_bytes=self._max_message_bytes)
 
     async def list_plans(self, limit: int = 0, before_version: int = 0, *,
                          timeout: float | None = None) -> planner_pb2.ListPlansResponse:
@@ -435,11 +468,14 @@ class AsyncCacheRouteClient(_Base):
 
     async def watch_plans(self, known_version: int = 0, *, include_table: bool = False,
                           timeout: float | None = None) -> AsyncIterator[planner_pb2.PlanUpdate]:
-        req = planner_pb2.WatchPlansRequest(known_version=known_version, include_table=include_table)
+        req = planner_pb2.WatchPlansRequest(known_version=known_version, include_table=include_table,
+                                            max_chunk_bytes=self._max_message_bytes)
         call = self._planners.stub(self._planners.order()[0]).WatchPlans(req, timeout=timeout)
+        slices = SliceAssembler()
         try:
             async for update in call:
-                yield update
+                if _complete(update, slices):
+                    yield update
         finally:
             call.cancel()
 
@@ -452,8 +488,11 @@ class AsyncCacheRouteClient(_Base):
         req = planner_pb2.BuildPlanRequest(rates=rates, replica_ids=replica_ids, q_cap=q_cap, warm_slots=warm_slots,
                                            incremental=incremental, activate=activate,
                                            expected_active_version=expected_active_version, shadow=shadow)
-        return await self._call(self._planners, "BuildPlan", req, idempotent=False, timeout=timeout,
-                                metadata=self._auth())
+        reply = await self._call(self._planners, "BuildPlan", req, idempotent=False, timeout=timeout,
+                                 metadata=self._auth())
+        if reply.plan.table_size:
+            reply.plan.CopyFrom(await self.get_plan(reply.plan.version, timeout=timeout))
+        return reply
 
     async def activate_plan(self, version: int, expected_active_version: int, reason: str = "", *,
                             timeout: float | None = None) -> planner_pb2.ControlResponse:

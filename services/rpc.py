@@ -274,13 +274,54 @@ def _bearer(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     return None
 
 
-class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    """Bearer-token check on protected methods, error mapping and RPC metrics for all."""
+audit_log = logging.getLogger("cacheroute.audit")
 
-    def __init__(self, auth_token: str | None, protected: frozenset[str], metrics: "RpcMetrics") -> None:
+# request fields an audit record names (scalars only; never a credential, never a table)
+_AUDIT_FIELDS = ("version", "expected_active_version", "to_version", "mode", "activate", "shadow", "incremental",
+                 "window_seconds")
+
+
+def _audit_fields(request: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    descriptor = getattr(request, "DESCRIPTOR", None)
+    if descriptor is None:
+        return out
+    for name in _AUDIT_FIELDS:
+        if name in descriptor.fields_by_name:
+            out[name] = getattr(request, name)
+    if "reason" in descriptor.fields_by_name:
+        reason = " ".join(request.reason.split())
+        out["reason"] = reason[:80] + ("..." if len(reason) > 80 else "")
+    if "rates" in descriptor.fields_by_name:
+        out["rates"] = len(request.rates)
+    return out
+
+
+def audit(method: str, context: Any, request: Any, code: grpc.StatusCode, credential: str,
+          detail: str = "") -> None:
+    """One record per control call, allowed or denied: who (peer address), what, the outcome.
+    `credential` says what was presented ("valid", "missing", "invalid", "not-required"),
+    never the credential itself."""
+    try:
+        peer = context.peer()
+    except Exception:  # noqa: BLE001 - a context without a transport
+        peer = ""
+    audit_log.info("control call", extra=kv(method=method, peer=peer, code=code.name, credential=credential,
+                                            allowed=code not in (grpc.StatusCode.UNAUTHENTICATED,
+                                                                 grpc.StatusCode.PERMISSION_DENIED),
+                                            detail=" ".join(detail.split())[:160], **_audit_fields(request)))
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    """Bearer-token check on protected methods, error mapping and RPC metrics for all, and an
+    audit record for every call of an audited method."""
+
+    def __init__(self, auth_token: str | None, protected: frozenset[str], metrics: "RpcMetrics",
+                 audited: frozenset[str] = frozenset()) -> None:
         self.auth_token = auth_token
         self.protected = protected
         self.metrics = metrics
+        self.audited = audited
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -288,7 +329,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = details.method
         denial = self._check_auth(method, details.invocation_metadata)
-        return _wrap(handler, method, denial, self.metrics)
+        credential = None
+        if method.rsplit("/", 1)[-1] in self.audited:
+            credential = ("not-required" if not self.auth_token else "valid" if denial is None
+                          else "missing" if denial[0] == grpc.StatusCode.UNAUTHENTICATED else "invalid")
+        return _wrap(handler, method, denial, self.metrics, credential)
 
     def _check_auth(self, method: str, metadata) -> tuple[grpc.StatusCode, str] | None:
         if not self.auth_token or method.rsplit("/", 1)[-1] not in self.protected:
@@ -336,18 +381,24 @@ async def _parsed_stream(requests) -> Any:
         yield _parsed(request)
 
 
-def _wrap(handler: grpc.RpcMethodHandler, method: str, denial, metrics: "RpcMetrics") -> grpc.RpcMethodHandler:
+def _wrap(handler: grpc.RpcMethodHandler, method: str, denial, metrics: "RpcMetrics",
+          credential: str | None = None) -> grpc.RpcMethodHandler:
+    """`credential` set: the method is audited (unary calls: every outcome is logged)."""
     short = method.rsplit("/", 1)[-1]
 
-    async def fail(context, exc: BaseException) -> None:
+    async def fail(context, exc: BaseException, request: Any = None) -> None:
         code, message = status_for(exc)
         if code == grpc.StatusCode.INTERNAL:
             log.exception("rpc failed", extra=kv(method=short))
         metrics.count(short, code)
+        if credential is not None:
+            audit(short, context, request, code, credential, message)
         await context.abort(code, message)
 
-    async def deny(context) -> None:
+    async def deny(context, request: Any = None) -> None:
         metrics.count(short, denial[0])
+        if credential is not None:
+            audit(short, context, request, denial[0], credential, denial[1])
         await context.abort(*denial)
 
     kwargs = dict(request_deserializer=_lenient(handler.request_deserializer),
@@ -357,15 +408,17 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str, denial, metrics: "RpcMetr
 
         async def unary_unary(request, context):
             if denial:
-                return await deny(context)
+                return await deny(context, request)
             start = time.perf_counter()
             try:
                 response = await inner(_parsed(request), context)
             except (grpc.aio.AbortError, asyncio.CancelledError):
                 raise
             except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
-                return await fail(context, exc)
+                return await fail(context, exc, request)
             metrics.observe(short, time.perf_counter() - start)
+            if credential is not None:
+                audit(short, context, request, grpc.StatusCode.OK, credential)
             return response
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, **kwargs)
@@ -477,18 +530,22 @@ async def start_server(
     service_names: Iterable[str],
     *,
     protected_methods: Iterable[str] = (),
+    audited_methods: Iterable[str] = (),
     metrics: RpcMetrics | None = None,
 ) -> RunningServer:
     """Start an aio server with health, reflection, the interceptor and (optionally) metrics.
 
     `servicers` pairs generated `add_XServicer_to_server` functions with servicer objects;
     `service_names` are their full names (e.g. "cacheroute.v1.Planner");
-    `protected_methods` are method names that need the bearer token when one is configured.
+    `protected_methods` are method names that need the bearer token when one is configured;
+    every call of an `audited_methods` method, allowed or denied, leaves a `cacheroute.audit`
+    record (method, caller address, outcome; never the token).
     """
     metrics = metrics or RpcMetrics(config.name)
     names = tuple(service_names)
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(config.auth_token, frozenset(protected_methods), metrics)],
+        interceptors=[ServiceInterceptor(config.auth_token, frozenset(protected_methods), metrics,
+                                         frozenset(audited_methods))],
         options=channel_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=None,
     )

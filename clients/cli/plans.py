@@ -85,7 +85,22 @@ def _token(args: argparse.Namespace) -> str | None:
         raise CliError(f"cannot read token file {args.token_file}: {exc.strerror}") from None
 
 
+# integer arguments and the width of the proto field each one fills
+_INTS = {"version": 64, "a": 64, "b": 64, "before": 64, "expected": 64, "to": 64, "limit": 32, "max_moves": 32}
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Versions and counts are unsigned: a negative or too large one is a one-line error."""
+    for name, bits in _INTS.items():
+        value = getattr(args, name, None)
+        if value is not None and not 0 <= value < 1 << bits:
+            flag = name if name in ("version", "a", "b") else "--" + name.replace("_", "-")
+            bound = ">= 0" if value < 0 else f"at most {(1 << bits) - 1}"
+            raise CliError(f"{flag} must be {bound}, got {value}")
+
+
 def _run(args: argparse.Namespace, func: Callable[[CacheRouteClient, argparse.Namespace], Any]) -> int:
+    _check_numbers(args)
     with CacheRouteClient(planner=args.planner, token=_token(args), timeout=args.timeout) as client:
         try:
             reply = func(client, args)

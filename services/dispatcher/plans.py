@@ -1,7 +1,8 @@
 """Where the dispatcher's active plan comes from.
 
 1. The planner's WatchPlans stream (include_table): an initial push, then every
-   activation, rollback or mode change. Source "watch".
+   activation, rollback or mode change. Source "watch". A plan above the message limit
+   arrives as consecutive chunks (services.planwire); it is installed once complete.
 2. When the planner is unreachable (or none is configured): the active plan and mode read
    from Redis through the store, re-read on every retry round. Source "redis".
 3. When both are down: keep routing with the last good plan and mode.
@@ -19,6 +20,7 @@ import grpc
 
 from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services import codec
+from services.planwire import SliceAssembler
 from services.dispatcher.router import Router
 from services.errors import ServiceError
 from services.rpc import Backoff, TLSFiles, aio_channel, kv, stop_tasks
@@ -75,9 +77,16 @@ class PlanFeed:
         assert self._channel is not None
         stub = planner_pb2_grpc.PlannerStub(self._channel)
         got = False
-        call = stub.WatchPlans(planner_pb2.WatchPlansRequest(include_table=True), timeout=self.watch_seconds)
+        slices = SliceAssembler()
+        call = stub.WatchPlans(planner_pb2.WatchPlansRequest(include_table=True, max_chunk_bytes=self._max_message_bytes),
+                               timeout=self.watch_seconds)
         try:
             async for update in call:
+                if update.active_version:
+                    whole = slices.add(update.plan)
+                    if whole is None:
+                        continue          # more chunks of this update follow
+                    update.plan.CopyFrom(whole)
                 self._apply_update(update)
                 got = True
         except grpc.aio.AioRpcError as err:

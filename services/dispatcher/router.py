@@ -87,33 +87,53 @@ class Router:
         self.telemetry_capacity = telemetry_capacity
         self.telemetry: list[tuple[str, float, int, int]] = []
         self.telemetry_dropped = 0
+        self.telemetry_capped = 0                    # arrivals left out: their caller was over its budget
         self._probe = _Probe()
 
     # ------------------------------------------------------------ the decision
 
-    def route(self, key: str, now: float, prompt_tokens: int = 0, prefix_tokens: int = 0) -> Pick:
-        """Pick a replica for `key` and account for it. NoHealthyReplica when none is healthy."""
+    def route(self, key: str, now: float, prompt_tokens: int = 0, prefix_tokens: int = 0, *,
+              report: bool = True, avoid: int = -1) -> Pick:
+        """Pick a replica for `key` and account for it. NoHealthyReplica when none is healthy.
+        `report`: buffer the arrival for telemetry now (False: the caller decides later, with
+        `record_arrival`, or not at all). `avoid`: a replica not to pick (one that just
+        refused this request); NoHealthyReplica if no other replica is healthy."""
         probe = self._probe
         probe.key = key
-        pick = self.policy.pick(probe, self.state)   # type: ignore[arg-type]
+        healthy = self.state.healthy
+        if avoid >= 0 and healthy[avoid]:
+            healthy[avoid] = False
+            try:
+                pick = self.policy.pick(probe, self.state)   # type: ignore[arg-type]
+            finally:
+                healthy[avoid] = True
+        else:
+            pick = self.policy.pick(probe, self.state)   # type: ignore[arg-type]
         i = pick.replica
         self.state.in_flight[i] += 1
         self.recent[i] += 1
         self.routed_to[i] += 1
         self.counts[pick.reason] += 1
+        if report:
+            self.record_arrival(key, now, prompt_tokens, prefix_tokens)
+        return pick
+
+    def record_arrival(self, key: str, now: float, prompt_tokens: int = 0, prefix_tokens: int = 0) -> None:
         buf = self.telemetry
         if len(buf) < self.telemetry_capacity:
             buf.append((key, now, prompt_tokens, prefix_tokens))
         else:
             self.telemetry_dropped += 1
-        return pick
 
-    def route_many(self, requests: Iterable[tuple[str, int, int]], now: float) -> list[Pick]:
+    def route_many(self, requests: Iterable[tuple[str, int, int]], now: float, report: int | None = None) -> list[Pick]:
         """`route` for each (key, prompt_tokens, prefix_tokens) in order, with the lookups
-        hoisted out of the loop (RouteBatch). On NoHealthyReplica the earlier ones stay routed."""
+        hoisted out of the loop (RouteBatch). Only the first `report` arrivals (None: all) are
+        buffered for telemetry; the rest count as `telemetry_capped`. On NoHealthyReplica the
+        earlier ones stay routed."""
         probe, pick, state = self._probe, self.policy.pick, self.state
         in_flight, recent, routed_to, counts = state.in_flight, self.recent, self.routed_to, self.counts
         buf, room = self.telemetry, self.telemetry_capacity - len(self.telemetry)
+        allowed = -1 if report is None else report
         out: list[Pick] = []
         for key, prompt_tokens, prefix_tokens in requests:
             probe.key = key
@@ -123,11 +143,15 @@ class Router:
             recent[i] += 1
             routed_to[i] += 1
             counts[p.reason] += 1
-            if room > 0:
+            if allowed == 0:
+                self.telemetry_capped += 1
+            elif room > 0:
                 buf.append((key, now, prompt_tokens, prefix_tokens))
                 room -= 1
+                allowed -= 1
             else:
                 self.telemetry_dropped += 1
+                allowed -= 1
             out.append(p)
         return out
 

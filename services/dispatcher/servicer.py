@@ -12,11 +12,14 @@ from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engin
 from services.core import routing
 from services.core.policy import NoHealthyReplica
 from services.core.request import BLOCK_TOKENS
+from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.router import Router
-from services.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 
 MODE = {False: common_pb2.MODE_PLANNED, True: common_pb2.MODE_FLAT}
+# engine answers before the first chunk after which Generate tries one other replica
+_REPLACEABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,19 +114,61 @@ class DecisionEncoder:
         return b"".join(parts)
 
 
+def peer_host(context) -> str:
+    """The caller's address without its port ("ipv4:127.0.0.1"); "local" without a transport."""
+    try:
+        peer = context.peer() if context is not None else ""
+    except Exception:  # noqa: BLE001 - a context without a transport
+        peer = ""
+    if not peer:
+        return "local"
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() and not peer.startswith("unix:") else peer
+
+
+def _bearer(context) -> str | None:
+    for key, value in (context.invocation_metadata() or ()) if context is not None else ():
+        if key == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            return text[7:].strip() if text[:7].lower() == "bearer " else ""
+    return None
+
+
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
-    def __init__(self, router: Router, monitor: ReplicaMonitor, rules: KeyRules, dispatcher_id: str) -> None:
+    def __init__(self, router: Router, monitor: ReplicaMonitor, rules: KeyRules, dispatcher_id: str, *,
+                 budget: CallerBudget | None = None, keyring=None) -> None:
         self.router = router
         self.monitor = monitor
         self.rules = rules
         self.dispatcher_id = dispatcher_id
+        self.budget = budget or CallerBudget(BudgetConfig(rate=0))
+        self.keyring = keyring              # services.auth.KeyRing: callers are tenants when it has keys
         self._ids = router.ids
         self._addresses = tuple(r.address for r in router.replicas)
         self._encoder = DecisionEncoder(self._ids, self._addresses)
 
-    def _route(self, key: str, prompt_tokens: int, prefix_tokens: int):
+    def caller(self, context) -> str:
+        """Whose budget a call draws on: its tenant (API keys), else its peer host. The
+        interceptor has already refused calls without an accepted key."""
+        if self.keyring is not None and self.keyring.enabled:
+            try:
+                tenant = self.keyring.tenant_of(_bearer(context))
+            except Exception:  # noqa: BLE001 - refused upstream; treat as the peer
+                tenant = ""
+            if tenant:
+                return "tenant:" + tenant
+        return peer_host(context)
+
+    def _granted(self, context, n: int, now: float) -> int:
+        if not self.budget.bounded:
+            return n
+        granted = self.budget.take(self.caller(context), n, now)
+        return granted
+
+    def _route(self, key: str, prompt_tokens: int, prefix_tokens: int, now: float, *, report: bool = True,
+               avoid: int = -1):
         try:
-            return self.router.route(key, time.time(), prompt_tokens, prefix_tokens)
+            return self.router.route(key, now, prompt_tokens, prefix_tokens, report=report, avoid=avoid)
         except NoHealthyReplica:
             raise Unavailable("no healthy replica") from None
 
@@ -134,7 +179,12 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
 
     async def Route(self, request, context) -> common_pb2.RouteDecision:
         key, prefix_tokens = route_key(request, self.rules)
-        return self._decision(self._route(key, request.prompt_tokens, prefix_tokens), key)
+        now = time.time()
+        report = self._granted(context, 1, now) == 1
+        pick = self._route(key, request.prompt_tokens, prefix_tokens, now, report=report)
+        if not report:
+            self.router.telemetry_capped += 1
+        return self._decision(pick, key)
 
     async def RouteBatch(self, request, context) -> dispatcher_pb2.RouteBatchResponse:
         requests = request.requests
@@ -144,9 +194,12 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         # a non-empty `key` is the oneof's source; up to 64 characters it is a valid key
         keys = [(k, 0) if 0 < len(k := r.key) <= quick else route_key(r, rules) for r in requests]  # all, first
         version = self.router.plan_version
+        now = time.time()
+        granted = self._granted(context, len(keys), now)
         try:
             picks = self.router.route_many(
-                ((key, r.prompt_tokens, prefix) for r, (key, prefix) in zip(requests, keys)), time.time())
+                ((key, r.prompt_tokens, prefix) for r, (key, prefix) in zip(requests, keys)), now,
+                report=granted)
         except NoHealthyReplica:
             raise Unavailable("no healthy replica") from None
         wire = self._encoder.encode(picks, [key for key, _ in keys], version)
@@ -155,11 +208,23 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
     async def Generate(self, request, context) -> AsyncIterator[engine_pb2.GenerateChunk]:
         key, prompt_tokens, prefix_tokens = generate_key(request, self.rules)
         timeout = context.time_remaining() or self.rules.generate_timeout
-        for attempt in range(2):   # a replica that fails before its first chunk is replaced once
-            pick = self._route(key, prompt_tokens, prefix_tokens)
+        now, avoid = time.time(), -1
+        for attempt in range(2):
+            # a replica that fails (UNAVAILABLE) or is full (RESOURCE_EXHAUSTED) before its first
+            # chunk is replaced once, by another healthy one
+            try:
+                pick = self._route(key, prompt_tokens, prefix_tokens, now, report=False, avoid=avoid)
+            except Unavailable:
+                if avoid < 0:
+                    raise
+                raise error from None     # nobody else to try: the first replica's answer
             i = pick.replica
             decision = self._decision(pick, key)
-            call = self.monitor.engines[i].Generate(request, timeout=timeout)
+            engine = self.monitor.engines[i]
+            if engine is None:
+                raise FailedPrecondition(f"replica {self._ids[i]} is an HTTP engine: send this request to the "
+                                         "dispatcher's OpenAI HTTP API")
+            call = engine.Generate(request, timeout=timeout)
             self.router.stream_opened(i)
             first = True
             try:
@@ -167,12 +232,15 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
                     if first:
                         chunk.route.CopyFrom(decision)
                         first = False
+                        # served: the engine took the request, so it counts as planner input
+                        self.router.record_arrival(key, now, prompt_tokens, prefix_tokens)
                     yield chunk
                 return
             except grpc.aio.AioRpcError as err:
                 error = self._engine_error(i, err)
-                if not (first and attempt == 0 and err.code() == grpc.StatusCode.UNAVAILABLE):
+                if not (first and attempt == 0 and err.code() in _REPLACEABLE):
                     raise error from None
+                avoid = i
             finally:
                 call.cancel()
                 self.router.stream_closed(i)
@@ -195,7 +263,8 @@ def status_message(router: Router, dispatcher_id: str) -> dispatcher_pb2.Dispatc
     out = dispatcher_pb2.DispatcherStatus(
         dispatcher_id=dispatcher_id, plan_version=router.plan_version, mode=MODE[router.flat],
         plan_source=router.plan_source, routed=router.routed, planned=router.counts[1], cold=router.counts[2],
-        fallback=router.counts[3], telemetry_dropped=router.telemetry_dropped)
+        fallback=router.counts[3], telemetry_dropped=router.telemetry_dropped,
+        telemetry_capped=router.telemetry_capped)
     for i, replica in enumerate(router.replicas):
         stats = router.engine_stats[i]
         hit = stats.cached_tokens / stats.prompt_tokens if stats is not None and stats.prompt_tokens else 0.0

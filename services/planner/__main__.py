@@ -35,6 +35,7 @@ Shadow gate and automatic fallback (services/planner/gate.py):
 
 Live failure repair (services/planner/repair.py; needs id=host:port replicas):
   CACHEROUTE_REPAIR (1)                            health-check replicas and repair the active plan
+  CACHEROUTE_ENGINE_KIND (cacheroute)              kind of addresses without KIND+ (services/backends)
   CACHEROUTE_HEALTH_INTERVAL (0.5)                 seconds between health checks of each replica
   CACHEROUTE_HEALTH_TIMEOUT (0.3)                  deadline of one health check, seconds
   CACHEROUTE_REPAIR_GRACE (2)                      seconds a replica must stay down before a repair
@@ -106,6 +107,7 @@ class PlannerConfig:
     health_interval: float = 0.5
     health_timeout: float = 0.3
     repair_grace: float = 2.0
+    engine_kind: str = "cacheroute"       # kind of replica addresses without KIND+ (services.backends)
     clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
 
 
@@ -150,7 +152,8 @@ class PlannerService:
         replicas = None
         if config.repair and config.replica_addresses:
             self.health = ReplicaHealth(config.replica_addresses, interval=config.health_interval,
-                                        timeout=config.health_timeout, tls=config.server.tls)
+                                        timeout=config.health_timeout, tls=config.server.tls,
+                                        default_kind=config.engine_kind)
             health, ids, grace = self.health, config.loop.replica_ids, config.repair_grace
             replicas = lambda: health.usable(ids, grace)   # noqa: E731
         self.loop = ControlLoop(self.store, config.loop, clock=config.clock, enabled=config.auto,
@@ -184,9 +187,11 @@ class PlannerService:
 
     async def start(self) -> "PlannerService":
         servicer = self.servicer = PlannerServicer(self.store, self.loop, self.hub, planner_id=self.config.loop.planner_id,
-                                                   clock=self.config.clock, gate=self.gate)
+                                                   clock=self.config.clock, gate=self.gate,
+                                                   max_message_bytes=self.config.server.max_message_bytes)
         self.running = await start_server(self.config.server, [(planner_pb2_grpc.add_PlannerServicer_to_server, servicer)],
-                                          [SERVICE], protected_methods=PROTECTED, metrics=self.metrics)
+                                          [SERVICE], protected_methods=PROTECTED, audited_methods=PROTECTED,
+                                          metrics=self.metrics)
         self.hub.start()
         if self.health is not None:
             await self.health.start()
@@ -310,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("live failure repair")
     g.add_argument("--repair", type=int, choices=(0, 1), default=env_number("REPAIR", "1", int),
                    help="1: health-check id=host:port replicas and repair the active plan (default 1)")
+    g.add_argument("--engine-kind", default=env("ENGINE_KIND", "cacheroute"),
+                   choices=("cacheroute", "vllm", "sglang", "llamacpp", "openai"),
+                   help="kind of replica addresses given without KIND+, as the dispatchers' (env CACHEROUTE_ENGINE_KIND)")
     g.add_argument("--health-interval", type=float, default=env_number("HEALTH_INTERVAL", "0.5", float),
                    help="seconds between health checks (default 0.5)")
     g.add_argument("--health-timeout", type=float, default=env_number("HEALTH_TIMEOUT", "0.3", float),
@@ -362,7 +370,8 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
                          key_prefix=args.key_prefix, telemetry=telemetry_from_args(args), auto=bool(args.auto),
                          gate=gate_from_args(args), replica_addresses=parse_replica_addresses(args.replicas or ""),
                          repair=bool(args.repair), health_interval=args.health_interval,
-                         health_timeout=args.health_timeout, repair_grace=args.repair_grace)
+                         health_timeout=args.health_timeout, repair_grace=args.repair_grace,
+                         engine_kind=args.engine_kind)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,15 +9,17 @@ from collections import OrderedDict
 from typing import Callable
 
 from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
-from services import codec
+from services import codec, planwire
 from services.core.plan import Plan
 from services.core.planning import plan_diff
 from services.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.planner.control import BuildInputs, ControlLoop, build_candidate, decide, incremental_available
 from services.planner.gate import Gate
 from services.planner.watch import WatchHub
-from services.store import ControlState, Mode, Store, summary_of
+from services.store import ControlState, Mode, Pinned, StaleVersion, Store, summary_of
 
+MAX_MOVES = 10_000          # DiffPlans moves per answer, whatever max_moves asks
+MAX_REASON_BYTES = 512      # operator reasons (SetMode, ActivatePlan, Rollback): stored, shown by GetStatus
 _MODE_TO_PB = {Mode.PLANNED: common_pb2.MODE_PLANNED, Mode.FLAT: common_pb2.MODE_FLAT}
 _MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
 
@@ -25,6 +27,13 @@ _MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
 def _control(state: ControlState, previous: int = 0) -> planner_pb2.ControlResponse:
     return planner_pb2.ControlResponse(active_version=state.active_version, previous_version=previous,
                                        mode=_MODE_TO_PB[state.mode], pinned_version=state.pinned_version)
+
+
+def _reason(text: str, default: str) -> str:
+    size = len(text.encode("utf-8"))
+    if size > MAX_REASON_BYTES:
+        raise InvalidArgument(f"reason is {size} bytes (max {MAX_REASON_BYTES})")
+    return text or default
 
 
 def _explicit_inputs(request: planner_pb2.BuildPlanRequest, replica_ids, q_cap, warm_slots) -> BuildInputs:
@@ -38,14 +47,17 @@ def _explicit_inputs(request: planner_pb2.BuildPlanRequest, replica_ids, q_cap, 
 
 class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def __init__(self, store: Store, loop: ControlLoop, hub: WatchHub, *, planner_id: str,
-                 clock: Callable[[], float], gate: Gate | None = None) -> None:
+                 clock: Callable[[], float], gate: Gate | None = None,
+                 max_message_bytes: int = 8 * 1024 * 1024) -> None:
         self.store = store
         self.loop = loop
         self.hub = hub
         self.gate = gate
         self.planner_id = planner_id
         self.clock = clock
+        self.max_message_bytes = max_message_bytes
         self._plans: OrderedDict[int, Plan] = OrderedDict()   # small cache of decoded plans
+        self._chunks: OrderedDict[tuple[int, int], list] = OrderedDict()   # (version, budget) -> slices
 
     async def _plan(self, version: int) -> Plan:
         if version not in self._plans:
@@ -57,6 +69,18 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def forget_plans(self) -> None:
         """Drop cached plans (the store lost its state, so they may no longer exist)."""
         self._plans.clear()
+        self._chunks.clear()
+
+    async def _plan_chunks(self, version: int, budget: int) -> list:
+        """The active plan's messages for WatchPlans (one when it fits), cut once per version:
+        every dispatcher watching gets the same ones."""
+        key = (version, budget)
+        if key not in self._chunks:
+            plan = await self._plan(version)
+            self._chunks[key] = await asyncio.to_thread(planwire.plan_chunks, plan, budget)
+            while len(self._chunks) > 2:
+                self._chunks.popitem(last=False)
+        return self._chunks[key]
 
     async def _active_version(self) -> int:
         active = (await self.store.get_control()).active_version
@@ -68,7 +92,10 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
 
     async def GetPlan(self, request, context):
         plan = await self._plan(request.version or await self._active_version())
-        return codec.plan_to_proto(summary_of(plan) if request.summary_only else plan)
+        if request.summary_only:
+            return codec.plan_to_proto(summary_of(plan))
+        budget = planwire.budget_for(self.max_message_bytes, request.max_bytes)
+        return await asyncio.to_thread(planwire.plan_page, plan, budget, request.table_offset)
 
     async def ListPlans(self, request, context):
         limit = min(request.limit or 20, 1000)
@@ -80,27 +107,35 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             active_version=state.active_version, mode=_MODE_TO_PB[state.mode], pinned_version=state.pinned_version)
 
     async def WatchPlans(self, request, context):
+        budget = planwire.budget_for(self.max_message_bytes, request.max_chunk_bytes)
         async with self.hub.listen() as updates:
             state = await self.store.get_control()
             if not (request.known_version and request.known_version == state.active_version):
-                yield await self._update(state, "initial", request.include_table)
+                for update in await self._updates(state, "initial", request.include_table, budget):
+                    yield update
             while True:
                 state, event = await updates.get()
-                yield await self._update(state, event, request.include_table)
+                for update in await self._updates(state, event, request.include_table, budget):
+                    yield update
 
-    async def _update(self, state: ControlState, event: str, include_table: bool) -> planner_pb2.PlanUpdate:
-        update = planner_pb2.PlanUpdate(active_version=state.active_version, mode=_MODE_TO_PB[state.mode], event=event)
-        if state.active_version:
+    async def _updates(self, state: ControlState, event: str, include_table: bool,
+                       budget: int) -> list[planner_pb2.PlanUpdate]:
+        """One PlanUpdate, or the consecutive chunks of one when the table is too big."""
+        head = dict(active_version=state.active_version, mode=_MODE_TO_PB[state.mode], event=event)
+        if not state.active_version:
+            return [planner_pb2.PlanUpdate(**head)]
+        if not include_table:
             plan = await self._plan(state.active_version)
-            update.plan.CopyFrom(codec.plan_to_proto(plan if include_table else summary_of(plan)))
-        return update
+            return [planner_pb2.PlanUpdate(**head, plan=codec.plan_to_proto(summary_of(plan)))]
+        return [planner_pb2.PlanUpdate(**head, plan=chunk)
+                for chunk in await self._plan_chunks(state.active_version, budget)]
 
     async def DiffPlans(self, request, context):
         old = await self._plan(request.from_version)
         new = await self._plan(request.to_version or await self._active_version())
         diff = await asyncio.to_thread(plan_diff, old, new)
         moves = [planner_pb2.KeyMove(key=m.key, from_replicas=m.old, to_replicas=m.new, rate=m.rate)
-                 for m in diff.moves[:request.max_moves or 100]]
+                 for m in diff.moves[:min(request.max_moves or 100, MAX_MOVES)]]
         return planner_pb2.DiffPlansResponse(churn=diff.churn, keys_moved=diff.keys_moved, keys_added=diff.keys_added,
                                              keys_removed=diff.keys_removed, moves=moves)
 
@@ -138,6 +173,11 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         # build (and so validate) first: a refused request must not use up a version number
         plan = await asyncio.to_thread(build_candidate, inputs, active, version=0, created_at=now,
                                        incremental=request.incremental)
+        if request.activate:   # refusals the activation would meet: before a version is used up
+            if state.active_version != request.expected_active_version:
+                raise StaleVersion(f"stale expected version: active is {state.active_version}")
+            if state.pinned_version:
+                raise Pinned(f"version {state.pinned_version} is pinned; unpin it first")
         plan = dataclasses.replace(plan, version=await self.store.next_version())
         decision = await asyncio.to_thread(decide, active, plan, inputs, now=now,
                                            last_switch_at=last[0].at if last else 0.0, config=cfg.switching)
@@ -147,11 +187,14 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             report = (await self.gate.run(self.store, now, plan, None)).report
             plan = dataclasses.replace(plan, shadow=report)
             activate = activate and report.passed
+        # encode the answer before anything is stored: one that cannot be sent must change
+        # nothing (a table above the limit is answered with its first slice; GetPlan pages on)
+        answer = await asyncio.to_thread(planwire.plan_page, plan, planwire.budget_for(self.max_message_bytes))
         await self.store.put_plan(plan)
         if activate:
             await self.store.activate(plan.version, expected=request.expected_active_version, now=now,
                                       reason="BuildPlan (shadow gate passed)" if request.shadow else "BuildPlan")
-        return planner_pb2.BuildPlanResponse(plan=codec.plan_to_proto(plan), activated=activate)
+        return planner_pb2.BuildPlanResponse(plan=answer, activated=activate)
 
     async def ShadowPlan(self, request, context):
         if self.gate is None:
@@ -165,19 +208,19 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
 
     async def ActivatePlan(self, request, context):
         done = await self.store.activate(request.version, expected=request.expected_active_version,
-                                         now=self.clock(), reason=request.reason or "ActivatePlan")
+                                         now=self.clock(), reason=_reason(request.reason, "ActivatePlan"))
         return _control(await self.store.get_control(), done.previous_version)
 
     async def Rollback(self, request, context):
         done = await self.store.rollback(expected=request.expected_active_version, to_version=request.to_version,
-                                         now=self.clock(), reason=request.reason or "Rollback")
+                                         now=self.clock(), reason=_reason(request.reason, "Rollback"))
         return _control(await self.store.get_control(), done.previous_version)
 
     async def SetMode(self, request, context):
         if request.mode not in _MODE_FROM_PB:
             raise InvalidArgument("mode must be MODE_PLANNED or MODE_FLAT")
-        return _control(await self.store.set_mode(_MODE_FROM_PB[request.mode], reason=request.reason or "SetMode",
-                                                  now=self.clock()))
+        return _control(await self.store.set_mode(_MODE_FROM_PB[request.mode],
+                                                  reason=_reason(request.reason, "SetMode"), now=self.clock()))
 
     async def PinPlan(self, request, context):
         return _control(await self.store.pin(request.version or await self._active_version()))

@@ -85,13 +85,19 @@ class KeyRateSample(_message.Message):
     def __init__(self, key: _Optional[str] = ..., rate: _Optional[float] = ..., mean_prompt_tokens: _Optional[float] = ..., mean_prefix_tokens: _Optional[float] = ...) -> None: ...
 
 class GetRatesResponse(_message.Message):
-    __slots__ = ("snapshot_id", "window_seconds", "rates", "total_arrivals")
+    __slots__ = ("snapshot_id", "window_seconds", "rates", "total_arrivals", "total_keys", "truncated", "untracked_arrivals")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RATES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_ARRIVALS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    UNTRACKED_ARRIVALS_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     window_seconds: float
     rates: _containers.RepeatedCompositeFieldContainer[KeyRateSample]
     total_arrivals: int
-    def __init__(self, snapshot_id: _Optional[str] = ..., window_seconds: _Optional[float] = ..., rates: _Optional[_Iterable[_Union[KeyRateSample, _Mapping]]] = ..., total_arrivals: _Optional[int] = ...) -> None: ...
+    total_keys: int
+    truncated: bool
+    untracked_arrivals: int
+    def __init__(self, snapshot_id: _Optional[str] = ..., window_seconds: _Optional[float] = ..., rates: _Optional[_Iterable[_Union[KeyRateSample, _Mapping]]] = ..., total_arrivals: _Optional[int] = ..., total_keys: _Optional[int] = ..., truncated: _Optional[bool] = ..., untracked_arrivals: _Optional[int] = ...) -> None: ...

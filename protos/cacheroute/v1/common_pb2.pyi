@@ -116,7 +116,7 @@ class ShadowReport(_message.Message):
     def __init__(self, ran: _Optional[bool] = ..., passed: _Optional[bool] = ..., reason: _Optional[str] = ..., requests: _Optional[int] = ..., qps: _Optional[float] = ..., candidate_hit_rate: _Optional[float] = ..., flat_hit_rate: _Optional[float] = ..., candidate_ttft_p99: _Optional[float] = ..., flat_ttft_p99: _Optional[float] = ..., candidate_capacity: _Optional[float] = ..., flat_capacity: _Optional[float] = ..., margin: _Optional[float] = ..., active_keys: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("version", "parent_version", "created_at", "inputs", "table", "expected_load", "predicted_imbalance", "total_keys", "admitted_keys", "admitted_rate_share", "churn", "has_parent", "builder", "decision", "shadow")
+    __slots__ = ("version", "parent_version", "created_at", "inputs", "table", "expected_load", "predicted_imbalance", "total_keys", "admitted_keys", "admitted_rate_share", "churn", "has_parent", "builder", "decision", "shadow", "table_offset", "table_size")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PARENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,8 @@ class Plan(_message.Message):
     BUILDER_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
+    TABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TABLE_SIZE_FIELD_NUMBER: _ClassVar[int]
     version: int
     parent_version: int
     created_at: float
@@ -147,7 +149,9 @@ class Plan(_message.Message):
     builder: str
     decision: SwitchDecision
     shadow: ShadowReport
-    def __init__(self, version: _Optional[int] = ..., parent_version: _Optional[int] = ..., created_at: _Optional[float] = ..., inputs: _Optional[_Union[PlanInputs, _Mapping]] = ..., table: _Optional[_Iterable[_Union[PlanEntry, _Mapping]]] = ..., expected_load: _Optional[_Iterable[float]] = ..., predicted_imbalance: _Optional[float] = ..., total_keys: _Optional[int] = ..., admitted_keys: _Optional[int] = ..., admitted_rate_share: _Optional[float] = ..., churn: _Optional[float] = ..., has_parent: _Optional[bool] = ..., builder: _Optional[str] = ..., decision: _Optional[_Union[SwitchDecision, _Mapping]] = ..., shadow: _Optional[_Union[ShadowReport, _Mapping]] = ...) -> None: ...
+    table_offset: int
+    table_size: int
+    def __init__(self, version: _Optional[int] = ..., parent_version: _Optional[int] = ..., created_at: _Optional[float] = ..., inputs: _Optional[_Union[PlanInputs, _Mapping]] = ..., table: _Optional[_Iterable[_Union[PlanEntry, _Mapping]]] = ..., expected_load: _Optional[_Iterable[float]] = ..., predicted_imbalance: _Optional[float] = ..., total_keys: _Optional[int] = ..., admitted_keys: _Optional[int] = ..., admitted_rate_share: _Optional[float] = ..., churn: _Optional[float] = ..., has_parent: _Optional[bool] = ..., builder: _Optional[str] = ..., decision: _Optional[_Union[SwitchDecision, _Mapping]] = ..., shadow: _Optional[_Union[ShadowReport, _Mapping]] = ..., table_offset: _Optional[int] = ..., table_size: _Optional[int] = ...) -> None: ...
 
 class PlanSummary(_message.Message):
     __slots__ = ("version", "parent_version", "created_at", "replicas", "total_keys", "admitted_keys", "admitted_rate_share", "predicted_imbalance", "churn", "builder", "decision", "shadow", "active", "pinned")

@@ -61,7 +61,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., in_flight: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., hit_rate: _Optional[float] = ..., routed: _Optional[int] = ...) -> None: ...
 
 class DispatcherStatus(_message.Message):
-    __slots__ = ("dispatcher_id", "plan_version", "mode", "plan_source", "replicas", "routed", "planned", "cold", "fallback", "telemetry_dropped")
+    __slots__ = ("dispatcher_id", "plan_version", "mode", "plan_source", "replicas", "routed", "planned", "cold", "fallback", "telemetry_dropped", "telemetry_capped")
     DISPATCHER_ID_FIELD_NUMBER: _ClassVar[int]
     PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class DispatcherStatus(_message.Message):
     COLD_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_CAPPED_FIELD_NUMBER: _ClassVar[int]
     dispatcher_id: str
     plan_version: int
     mode: _common_pb2.Mode
@@ -82,4 +83,5 @@ class DispatcherStatus(_message.Message):
     cold: int
     fallback: int
     telemetry_dropped: int
-    def __init__(self, dispatcher_id: _Optional[str] = ..., plan_version: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., plan_source: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., routed: _Optional[int] = ..., planned: _Optional[int] = ..., cold: _Optional[int] = ..., fallback: _Optional[int] = ..., telemetry_dropped: _Optional[int] = ...) -> None: ...
+    telemetry_capped: int
+    def __init__(self, dispatcher_id: _Optional[str] = ..., plan_version: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., plan_source: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., routed: _Optional[int] = ..., planned: _Optional[int] = ..., cold: _Optional[int] = ..., fallback: _Optional[int] = ..., telemetry_dropped: _Optional[int] = ..., telemetry_capped: _Optional[int] = ...) -> None: ...

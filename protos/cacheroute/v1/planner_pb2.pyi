@@ -8,12 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetPlanRequest(_message.Message):
-    __slots__ = ("version", "summary_only")
+    __slots__ = ("version", "summary_only", "table_offset", "max_bytes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     version: int
     summary_only: bool
-    def __init__(self, version: _Optional[int] = ..., summary_only: _Optional[bool] = ...) -> None: ...
+    table_offset: int
+    max_bytes: int
+    def __init__(self, version: _Optional[int] = ..., summary_only: _Optional[bool] = ..., table_offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class ListPlansRequest(_message.Message):
     __slots__ = ("limit", "before_version")
@@ -36,12 +40,14 @@ class ListPlansResponse(_message.Message):
     def __init__(self, plans: _Optional[_Iterable[_Union[_common_pb2.PlanSummary, _Mapping]]] = ..., active_version: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., pinned_version: _Optional[int] = ...) -> None: ...
 
 class WatchPlansRequest(_message.Message):
-    __slots__ = ("known_version", "include_table")
+    __slots__ = ("known_version", "include_table", "max_chunk_bytes")
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_TABLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     known_version: int
     include_table: bool
-    def __init__(self, known_version: _Optional[int] = ..., include_table: _Optional[bool] = ...) -> None: ...
+    max_chunk_bytes: int
+    def __init__(self, known_version: _Optional[int] = ..., include_table: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class PlanUpdate(_message.Message):
     __slots__ = ("active_version", "mode", "plan", "event")

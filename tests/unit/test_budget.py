@@ -1,0 +1,58 @@
+"""Per-caller telemetry budget (services.dispatcher.budget): a token bucket per caller."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.dispatcher.budget import BudgetConfig, CallerBudget
+from services.dispatcher.router import Replica, Router
+
+
+def test_burst_then_rate_per_caller():
+    b = CallerBudget(BudgetConfig(rate=10, burst=50))
+    assert b.take("a", 9000, 0.0) == 50            # one big batch: only the burst
+    assert b.take("a", 100, 0.0) == 0
+    assert b.take("a", 100, 2.0) == 20             # 2 s at 10/s
+    assert b.take("b", 30, 2.0) == 30              # another caller has its own bucket
+    assert b.take("a", 100, 1000.0) == 50          # refills to the burst, no more
+
+
+def test_unbounded_when_rate_is_zero_and_bad_configs_refused():
+    assert CallerBudget(BudgetConfig(rate=0)).take("a", 10**6, 0.0) == 10**6
+    for bad in (dict(rate=-1), dict(burst=0), dict(max_callers=0)):
+        with pytest.raises(ValueError):
+            BudgetConfig(**bad)
+
+
+def test_caller_table_is_bounded_and_a_drained_bucket_outlives_idle_ones():
+    b = CallerBudget(BudgetConfig(rate=1, burst=10, max_callers=100))
+    for i in range(99):
+        b.take(f"idle{i}", 1, 0.0)
+    b.take("heavy", 10, 20.0)                      # drained at t=20; the idle ones refilled by then
+    for i in range(300):
+        b.take(f"new{i}", 1, 20.0)
+        assert len(b._buckets) <= 100
+    assert b.take("heavy", 10, 20.0) == 0          # its bucket survived the evictions of idle ones
+
+
+def test_route_many_reports_only_the_granted_arrivals():
+    r = Router([Replica("e0", "x"), Replica("e1", "y")], seed=1)
+    r.state.healthy[:] = [True, True]
+    picks = r.route_many([(f"k{i}", 0, 0) for i in range(10)], 5.0, report=3)
+    assert len(picks) == 10 and r.routed == 10
+    assert [k for k, *_ in r.drain_telemetry()] == ["k0", "k1", "k2"] and r.telemetry_capped == 7
+    r.route("x", 6.0, report=False)
+    assert r.drain_telemetry() == [] and r.routed == 11
+
+
+def test_route_avoids_a_replica_unless_it_is_the_only_healthy_one():
+    from services.core.policy import NoHealthyReplica
+
+    r = Router([Replica("e0", "x"), Replica("e1", "y")], seed=1)
+    r.state.healthy[:] = [True, True]
+    assert {r.route(f"k{i}", 0.0, avoid=0).replica for i in range(20)} == {1}
+    assert r.state.healthy == [True, True]
+    r.state.healthy[1] = False
+    with pytest.raises(NoHealthyReplica):
+        r.route("k", 0.0, avoid=0)
+    assert r.state.healthy == [True, False]
