@@ -90,7 +90,7 @@ SIM = Scale(
     slo={"tenants": 0.5, "whales": 0.5, "mooncake": 5.0},
     workload_knobs={
         "tenants": {"tenants": 400},
-        "whales": {"tenants": 400, "whales": 4, "whale_share": 0.35},
+        "whales": {"tenants": 400, "whales": 2, "whale_share": 0.6},
         "mooncake": {"block_words": 512},
     },
     key_tokens=1024,
@@ -98,20 +98,20 @@ SIM = Scale(
 
 LLAMA = Scale(
     name="llama", engine="llama", replicas=2, warmup=30.0, duration=90.0,
-    grids={"tenants": (0.25, 0.5, 1.0), "whales": (0.25, 0.5, 1.0), "mooncake": (0.25, 0.5, 1.0)},
-    slo={"tenants": 4.0, "whales": 4.0, "mooncake": 4.0},
+    grids={"tenants": (0.1, 0.3), "whales": (0.1, 0.3), "mooncake": (0.1, 0.3)},
+    slo={"tenants": 10.0, "whales": 10.0, "mooncake": 10.0},
     workload_knobs={
-        "tenants": {"tenants": 12, "system_words": textload.WordRange(128, 512),
-                    "user_words": textload.WordRange(8, 32, 16, 0.5), "max_tokens": 4},
-        "whales": {"tenants": 12, "whales": 1, "whale_share": 0.5, "system_words": textload.WordRange(128, 512),
-                   "user_words": textload.WordRange(8, 32, 16, 0.5), "max_tokens": 4},
-        "mooncake": {"block_words": 32, "max_words": 1536, "max_tokens": 4},
+        "tenants": {"tenants": 6, "system_words": textload.WordRange(64, 192),
+                    "user_words": textload.WordRange(8, 24, 12, 0.5), "max_tokens": 4},
+        "whales": {"tenants": 6, "whales": 1, "whale_share": 0.5, "system_words": textload.WordRange(64, 192),
+                   "user_words": textload.WordRange(8, 24, 12, 0.5), "max_tokens": 4},
+        "mooncake": {"block_words": 32, "max_words": 512, "max_tokens": 4},
     },
-    key_tokens=64,
+    key_tokens=64, llama_slots=2, llama_ctx=2048,
 )
 
 SMOKE = Scale(
-    name="smoke", engine="sim", replicas=2, warmup=2.0, duration=6.0,
+    name="smoke", engine="sim", replicas=2, warmup=1.5, duration=4.5,
     grids={"tenants": (10.0,)}, slo={"tenants": 0.5},
     workload_knobs={"tenants": {"tenants": 20}},
     key_tokens=1024, timeout=30.0,
@@ -342,7 +342,9 @@ def engine_hits(kind: str, before: dict[str, float], after: dict[str, float]) ->
         return after.get(name, 0.0) - before.get(name, 0.0)
 
     if kind == "llama":
-        return delta("llamacpp:prompt_tokens_cached_total"), delta("llamacpp:prompt_tokens_total")
+        # llama.cpp's prompt_tokens_total counts the tokens it evaluated, i.e. without the cached ones
+        cached = delta("llamacpp:prompt_tokens_cached_total")
+        return cached, cached + delta("llamacpp:prompt_tokens_total")
     return delta("vllm:prefix_cache_hits_total"), delta("vllm:prefix_cache_queries_total")
 
 
@@ -357,6 +359,17 @@ class Router:
     on_warm: Callable[[], Any] | None = None             # coroutine factory run at half warm-up
     notes: list[str] = field(default_factory=list)
     stack: Any = None
+    metrics_url: str = ""                                # the peer's own Prometheus endpoint
+    cpu_procs: list[Proc] | None = None                  # CPU-counted processes when not owned here
+    cpu_control: list[Proc] | None = None
+
+    @property
+    def router_pids(self) -> list[int]:
+        return [p.pid for p in (self.cpu_procs if self.cpu_procs is not None else self.procs)]
+
+    @property
+    def control_pids(self) -> list[int]:
+        return [p.pid for p in (self.cpu_control if self.cpu_control is not None else self.control)]
 
     def stop(self) -> None:
         for p in self.procs + self.control:
@@ -395,7 +408,7 @@ async def start_router(name: str, scale: Scale, engines: Engines, log_dir: Path)
     else:
         raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
     proc = spawn(name, cmd, log_dir)
-    router = Router(name, f"http://127.0.0.1:{port}", [proc])
+    router = Router(name, f"http://127.0.0.1:{port}", [proc], metrics_url=f"http://127.0.0.1:{mport}")
     try:
         # ready once it answers /v1/models from a worker (its own /health may precede registration)
         await wait_ready(router.url, proc, 90.0, "/v1/models")
@@ -405,8 +418,49 @@ async def start_router(name: str, scale: Scale, engines: Engines, log_dir: Path)
     return router
 
 
+# CacheRoute's settings, the same for every workload and both scales: the stack's defaults
+# (q_cap 20 req/s, W 64 warm slots, a 10 s control loop over a 60 s window of 1 s buckets),
+# one dispatcher process (the peers are one process each), engines reached over HTTP as
+# vLLM-kind backends (the simulated engine speaks vLLM's metric names; llama.cpp its own).
+CACHEROUTE_DISPATCHERS = 1
+POLL_INTERVAL, POLL_TIMEOUT = 0.5, 2.0
+
+
 async def start_cacheroute(scale: Scale, engines: Engines, log_dir: Path) -> Router:
-    raise NotImplementedError("cacheroute needs the dispatcher's HTTP API")
+    from services.stack import Stack, StackConfig
+
+    kind = "llamacpp" if engines.kind == "llama" else "vllm"
+    os.environ["CACHEROUTE_KEY_TOKENS"] = str(scale.key_tokens)   # read by the dispatcher (--key-tokens)
+    # The dispatcher polls each engine's /health and /metrics; its defaults (every 0.25 s, 0.2 s
+    # timeout) suit loopback engines on an idle machine. On the shared 2-core machine every replica
+    # timed out within 25 s at 50 req/s and was taken out of rotation (503s), so the poll gets the
+    # multi-second budget the peers' own health checks have: every 0.5 s, 2 s timeout.
+    os.environ["CACHEROUTE_POLL_INTERVAL"] = str(POLL_INTERVAL)
+    os.environ["CACHEROUTE_POLL_TIMEOUT"] = str(POLL_TIMEOUT)
+    os.environ["CACHEROUTE_HEALTH_TIMEOUT"] = str(POLL_TIMEOUT)    # the planner's checks (failure repair)
+    config = StackConfig(engines=len(engines.urls), dispatchers=CACHEROUTE_DISPATCHERS, engine_kind=kind,
+                         engine_urls=tuple(engines.urls), log_dir=str(log_dir / "cacheroute"), metrics=False,
+                         seed=0)
+    stack = await asyncio.to_thread(lambda: Stack(config).start())
+    procs = [Proc(c.name, c.proc, c.log_path) for c in stack.of_kind("dispatcher")]
+    control = [Proc(c.name, c.proc, c.log_path) for c in stack.children if c.kind in ("planner", "collector")]
+    if stack.redis is not None and stack.redis.proc is not None:
+        control.append(Proc("redis", stack.redis.proc, log_dir / "redis.log"))
+    router = Router("cacheroute", stack.http[0], procs=[], control=[], stack=stack)
+    router.cpu_procs, router.cpu_control = procs, control
+
+    async def build() -> None:
+        from clients.client import AsyncCacheRouteClient
+
+        async with AsyncCacheRouteClient(stack.dispatchers, planner=stack.planner, timeout=10.0) as client:
+            status = await client.planner_status()
+            built = await client.build_plan(activate=True, expected_active_version=status.active_version)
+            plan = built.plan
+            router.notes.append(f"plan v{plan.version} built at half warm-up: {plan.admitted_keys} keys admitted, "
+                                f"predicted imbalance {plan.predicted_imbalance:.2f}")
+
+    router.on_warm = build
+    return router
 
 
 # ------------------------------------------------------------------ one point
@@ -462,7 +516,7 @@ def summarize(outcomes: Sequence[Outcome], warmup: float, *, router: Router, kin
         "imbalance": max(shares.values()) / mean_share if shares and mean_share else None,
         "router_cpu_s": cpu[1] - cpu[0],
         "router_cpu_per_1k": (cpu[1] - cpu[0]) / n * 1000 if n else None,
-        "control_cpu_per_1k": (control_cpu[1] - control_cpu[0]) / n * 1000 if n and router.control else None,
+        "control_cpu_per_1k": (control_cpu[1] - control_cpu[0]) / n * 1000 if n and router.control_pids else None,
         "window_s": window,
         "client_lag_p99": percentile([o.lag for o in measured], 99),
         "notes": list(router.notes),
@@ -483,7 +537,7 @@ async def run_point(router_name: str, scale: Scale, workload: str, qps: float, s
         snaps: dict[str, Any] = {}
 
         def cpu_now() -> tuple[float, float]:
-            return cpu_seconds([p.pid for p in router.procs]), cpu_seconds([p.pid for p in router.control])
+            return cpu_seconds(router.router_pids), cpu_seconds(router.control_pids)
 
         async def snapshot(tag: str) -> None:
             snaps[tag] = (await engines.counters(), cpu_now(), time.monotonic())
@@ -503,20 +557,33 @@ async def run_point(router_name: str, scale: Scale, workload: str, qps: float, s
         label = f"{workload} {router_name} {qps:g} req/s"
         started = time.monotonic()
 
+        tty = sys.stderr.isatty()
+        last = [0.0]
+
         def show(sent: int, done: int) -> None:
-            if progress:
-                print(f"\r  {label}: {sent}/{len(schedule)} sent, {done} done, "
-                      f"{time.monotonic() - started:4.0f}s", end="", file=sys.stderr, flush=True)
+            now = time.monotonic()
+            if not progress or (not tty and now - last[0] < 10.0):
+                return
+            last[0] = now
+            lead = "\r" if tty else ""
+            print(f"{lead}  {label}: {sent}/{len(schedule)} sent, {done} done, {now - started:4.0f}s",
+                  end="" if tty else "\n", file=sys.stderr, flush=True)
 
         outcomes = await replay(router.url + "/v1/chat/completions", schedule, timeout=scale.timeout,
                                 progress=show, at_offset=(scale.warmup, mark))
-        if progress:
+        if progress and tty:
             print(file=sys.stderr)
         await asyncio.gather(*pending)
         if warm_task is not None:
             with contextlib.suppress(Exception):
                 await warm_task
         await snapshot("end")
+        if router.metrics_url:
+            # how the peer decided (e.g. vllm-router's prefix_routing_decisions outcomes), for the reading
+            own = await scrape(router.metrics_url)
+            picked = {k: v for k, v in own.items() if any(w in k for w in ("decision", "policy", "selection", "prefix"))
+                      and not k.endswith(("_bucket", "_created")) and v}
+            router.notes.extend(f"{k} {v:g}" for k, v in sorted(picked.items())[:20])
         (c0, cpu0, t0), (c1, cpu1, t1) = snaps["warm"], snaps["end"]
         replicas = [f"engine-{i}" for i in range(1, scale.replicas + 1)]
         if router_name == "direct":
@@ -630,6 +697,20 @@ async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Seque
     return result
 
 
+def merge(old: dict, new: dict) -> dict:
+    """`old` with the routers of `new` replaced (same scale, workload and SLO), in ROUTERS order."""
+    for key in ("scale", "workload", "slo"):
+        if old.get(key) != new.get(key):
+            raise SystemExit(f"peers: cannot merge: {key} {old.get(key)!r} != {new.get(key)!r}")
+    points = {**old["points"], **new["points"]}
+    out = dict(old)
+    out["points"] = {r: points[r] for r in ROUTERS if r in points}
+    out["capacity"] = {r: capacity(p, out["slo"]) for r, p in out["points"].items()}
+    out.setdefault("runs", [{"started": old.get("started"), "routers": list(old["points"])}])
+    out["runs"].append({"started": new["started"], "routers": list(new["points"]), "machine": new["machine"]})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="sim")
@@ -646,6 +727,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.0,
                         help="override the scale's seconds per point (for trying things; docs use the defaults)")
     parser.add_argument("--warmup", type=float, default=-1.0, help="override the scale's warm-up seconds")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other routers' points already in --out (re-running some routers)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
     scale = SMOKE if args.smoke else SCALES[args.scale]
@@ -669,6 +752,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peers: {scale.name} scale, {workload}, routers {', '.join(routers)}, grid {grid}, "
               f"{scale.duration:g}s per point ({scale.warmup:g}s warm-up); logs in {log_root}", file=sys.stderr)
     result = asyncio.run(sweep(scale, workload, routers, grid, args.seed, log_root, progress=not args.quiet))
+    if args.merge and args.out and Path(args.out).is_file():
+        result = merge(json.loads(Path(args.out).read_text()), result)
     text = table(result)
     print(text)
     if args.out:
