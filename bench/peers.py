@@ -97,17 +97,17 @@ SIM = Scale(
 )
 
 LLAMA = Scale(
-    name="llama", engine="llama", replicas=2, warmup=30.0, duration=90.0,
-    grids={"tenants": (0.1, 0.3), "whales": (0.1, 0.3), "mooncake": (0.1, 0.3)},
-    slo={"tenants": 10.0, "whales": 10.0, "mooncake": 10.0},
+    name="llama", engine="llama", replicas=2, warmup=20.0, duration=60.0,
+    grids={"tenants": (0.2, 0.4), "whales": (0.2, 0.4), "mooncake": (0.2, 0.4)},
+    slo={"tenants": 20.0, "whales": 20.0, "mooncake": 20.0},
     workload_knobs={
-        "tenants": {"tenants": 6, "system_words": textload.WordRange(64, 192),
-                    "user_words": textload.WordRange(8, 24, 12, 0.5), "max_tokens": 4},
-        "whales": {"tenants": 6, "whales": 1, "whale_share": 0.5, "system_words": textload.WordRange(64, 192),
-                   "user_words": textload.WordRange(8, 24, 12, 0.5), "max_tokens": 4},
-        "mooncake": {"block_words": 32, "max_words": 512, "max_tokens": 4},
+        "tenants": {"tenants": 4, "system_words": textload.WordRange(48, 128),
+                    "user_words": textload.WordRange(4, 12, 8, 0.5), "max_tokens": 2},
+        "whales": {"tenants": 4, "whales": 1, "whale_share": 0.5, "system_words": textload.WordRange(48, 128),
+                   "user_words": textload.WordRange(4, 12, 8, 0.5), "max_tokens": 2},
+        "mooncake": {"block_words": 32, "max_words": 256, "max_tokens": 2},
     },
-    key_tokens=64, llama_slots=2, llama_ctx=2048,
+    key_tokens=32, llama_slots=2, llama_ctx=2048,
 )
 
 SMOKE = Scale(
