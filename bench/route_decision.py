@@ -19,7 +19,8 @@ import random
 import time
 
 from services.core.plan import Plan
-from services.dispatcher.router import Replica, Router
+from services.dispatcher.router import Router
+from services.model import Replica
 
 
 def make_plan(replicas: int, keys: int) -> Plan:

@@ -49,20 +49,20 @@ async def fill(store: RedisStore, keys: int, first: int, last: int) -> None:
         n = 1 + int(rng.lognormvariate(0, 1.65))
         args += (n, n * rng.randrange(500, 4000), n * rng.randrange(0, 500))
     r = store._redis
-    names = [store._tb(first, h) for h in ("n", "pt", "xt")]
+    names = [store.keys.tb(first, h) for h in ("n", "pt", "xt")]
     await r.register_script(_FILL_LUA)(keys=names, args=args)
     for idx in range(first + 1, last + 1):
         for h in ("n", "pt", "xt"):
-            await r.copy(store._tb(first, h), store._tb(idx, h))
+            await r.copy(store.keys.tb(first, h), store.keys.tb(idx, h))
     for idx in range(first, last + 1):
-        await r.set(store._tb(idx, "v"), f"fill-{idx}")    # as the write script leaves it
+        await r.set(store.keys.tb(idx, "v"), f"fill-{idx}")    # as the write script leaves it
 
 
 async def bare_transfer(store: RedisStore, first: int, last: int) -> int:
     pipe = store._redis.pipeline(transaction=False)
     for i in range(first, last + 1):
         for h in ("n", "pt", "xt"):
-            pipe.hgetall(store._tb(i, h))
+            pipe.hgetall(store.keys.tb(i, h))
     return sum(len(row) for row in await pipe.execute())
 
 
@@ -77,7 +77,7 @@ async def run(args: argparse.Namespace) -> None:
         pipe = store._redis.pipeline(transaction=False)
         for i in range(first, last + 1):
             for h in ("n", "pt", "xt"):
-                pipe.hlen(store._tb(i, h))
+                pipe.hlen(store.keys.tb(i, h))
         fields = sum(await pipe.execute())
         print(f"window_rates: {args.keys:,} keys in each of {last - first + 1} buckets ({args.window:g} s window), "
               f"{fields:,} hash fields; filled in {time.perf_counter() - t0:.1f} s")

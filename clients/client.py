@@ -14,7 +14,9 @@ same arguments and return the generated protobuf messages (typed through the com
   PinPlan, UnpinPlan. BuildPlan, ActivatePlan and Rollback (compare-and-set) fail at once,
   since a lost reply may hide a success. Generate moves to another dispatcher only before
   the first chunk arrives; a stream that breaks later raises.
-- Control RPCs carry `authorization: Bearer <token>` when a token is given.
+- Control RPCs carry `authorization: Bearer <token>` when a token is given; data-plane
+  calls (Route, RouteBatch, Generate) carry `api_key` when given, else the token (a
+  dispatcher with keys or a deployment token refuses calls without one).
 """
 
 from __future__ import annotations
@@ -153,10 +155,12 @@ class _Endpoints:
 class _Base:
     def __init__(self, dispatchers: str | Sequence[str] | None = None, *, planner: str | Sequence[str] | None = None,
                  token: str | None = None, timeout: float = DEFAULT_TIMEOUT, retry: RetryPolicy = RetryPolicy(),
-                 tls: TLSFiles | None = None, max_message_bytes: int = 8 * 1024 * 1024, seed: int | None = None) -> None:
+                 tls: TLSFiles | None = None, max_message_bytes: int = 8 * 1024 * 1024, seed: int | None = None,
+                 api_key: str | None = None) -> None:
         self.timeout = timeout
         self.retry = retry
         self._token = token
+        self._api_key = api_key
         self._tls = tls
         self._max_message_bytes = max_message_bytes
         self._rng = random.Random(seed)
@@ -169,6 +173,10 @@ class _Base:
 
     def _auth(self) -> list[tuple[str, str]] | None:
         return [("authorization", f"Bearer {self._token}")] if self._token else None
+
+    def _data_auth(self) -> list[tuple[str, str]] | None:
+        key = self._api_key or self._token
+        return [("authorization", f"Bearer {key}")] if key else None
 
 
 class CacheRouteClient(_Base):
@@ -221,13 +229,14 @@ class CacheRouteClient(_Base):
               prompt_tokens: int = 0, request_id: str = "", timeout: float | None = None) -> common_pb2.RouteDecision:
         """Where one request should go. Give exactly one of key, prefix (block hashes) or prompt."""
         req = route_request(key, prefix=prefix, prompt=prompt, prompt_tokens=prompt_tokens, request_id=request_id)
-        return self._call(self._dispatchers, "Route", req, idempotent=True, timeout=timeout)
+        return self._call(self._dispatchers, "Route", req, idempotent=True, timeout=timeout,
+                                metadata=self._data_auth())
 
     def route_batch(self, requests: Sequence[dispatcher_pb2.RouteRequest], *,
                     timeout: float | None = None) -> list[common_pb2.RouteDecision]:
         """Decisions for many requests (build them with `route_request`), in request order."""
         reply = self._call(self._dispatchers, "RouteBatch", dispatcher_pb2.RouteBatchRequest(requests=requests),
-                           idempotent=True, timeout=timeout)
+                           metadata=self._data_auth(), idempotent=True, timeout=timeout)
         return list(reply.decisions)
 
     def dispatcher_status(self, *, timeout: float | None = None) -> dispatcher_pb2.DispatcherStatus:
@@ -245,7 +254,7 @@ class CacheRouteClient(_Base):
             if round_no:
                 time.sleep(self.retry.delay(round_no - 1, self._rng))
             for address in self._dispatchers.order():
-                call = self._dispatchers.stub(address).Generate(req, timeout=timeout)
+                call = self._dispatchers.stub(address).Generate(req, timeout=timeout, metadata=self._data_auth())
                 received = False
                 try:
                     for chunk in call:
@@ -399,12 +408,13 @@ class AsyncCacheRouteClient(_Base):
                     prompt_tokens: int = 0, request_id: str = "",
                     timeout: float | None = None) -> common_pb2.RouteDecision:
         req = route_request(key, prefix=prefix, prompt=prompt, prompt_tokens=prompt_tokens, request_id=request_id)
-        return await self._call(self._dispatchers, "Route", req, idempotent=True, timeout=timeout)
+        return await self._call(self._dispatchers, "Route", req, idempotent=True, timeout=timeout,
+                                metadata=self._data_auth())
 
     async def route_batch(self, requests: Sequence[dispatcher_pb2.RouteRequest], *,
                           timeout: float | None = None) -> list[common_pb2.RouteDecision]:
         reply = await self._call(self._dispatchers, "RouteBatch", dispatcher_pb2.RouteBatchRequest(requests=requests),
-                                 idempotent=True, timeout=timeout)
+                                 metadata=self._data_auth(), idempotent=True, timeout=timeout)
         return list(reply.decisions)
 
     async def dispatcher_status(self, *, timeout: float | None = None) -> dispatcher_pb2.DispatcherStatus:
@@ -421,7 +431,7 @@ class AsyncCacheRouteClient(_Base):
             if round_no:
                 await asyncio.sleep(self.retry.delay(round_no - 1, self._rng))
             for address in self._dispatchers.order():
-                call = self._dispatchers.stub(address).Generate(req, timeout=timeout)
+                call = self._dispatchers.stub(address).Generate(req, timeout=timeout, metadata=self._data_auth())
                 received = False
                 try:
                     async for chunk in call:

@@ -145,12 +145,13 @@ def run_ideal() -> int:
     simulator's measured window at each grid QPS (warm-up min(60 s, 25%), as the simulator)."""
     from experiments.ideal import ideal_window_hit_rate
     from services.core import traces
+    from services.sim import tracefiles
 
     out = {}
     for name, path in TRACES.items():
         row = {}
         for qps in (float(q) for q in TRACE_GRID.split(",")):
-            reqs = traces.load_mooncake(path, qps=qps).requests
+            reqs = tracefiles.load_mooncake(path, qps=qps).requests
             end = reqs[-1].arrival + 1e-9
             row[f"{qps:g}"] = ideal_window_hit_rate(reqs, min(60.0, 0.25 * end), end)
         out[name] = {"whole_trace": traces.ideal_hit_rate(reqs), "window_by_qps": row}

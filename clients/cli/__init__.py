@@ -7,6 +7,8 @@ import argparse
 import importlib
 import sys
 
+import grpc
+
 # command-group modules under clients.cli, in help order
 GROUPS = ("plan", "sim", "serve", "plans", "stack", "shadow", "local")
 
@@ -15,17 +17,55 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
+DEFAULT_PLANNER = "127.0.0.1:50051"
+DEFAULT_COLLECTOR = "127.0.0.1:50052"
+DEFAULT_DISPATCHERS = "127.0.0.1:50053"
+
+
+def add_address_flags(p: argparse.ArgumentParser, *, planner: bool = False, dispatchers: bool = False,
+                      collector: bool = False, dispatchers_default: str | None = DEFAULT_DISPATCHERS) -> None:
+    """The address flags every command that talks to a stack spells the same way:
+    --planner (env CACHEROUTE_PLANNER), --dispatchers A,B (env CACHEROUTE_DISPATCHERS; --dispatcher
+    and CACHEROUTE_DISPATCHER are the same flag), --collector (env CACHEROUTE_COLLECTOR)."""
+    from services.rpc import env
+
+    if planner:
+        p.add_argument("--planner", default=env("PLANNER", DEFAULT_PLANNER),
+                       help=f"planner address (env CACHEROUTE_PLANNER, default {DEFAULT_PLANNER})")
+    if dispatchers:
+        default = env("DISPATCHERS", env("DISPATCHER", dispatchers_default or "")) or dispatchers_default
+        p.add_argument("--dispatchers", "--dispatcher", dest="dispatchers", default=default,
+                       help="dispatcher addresses, comma-separated (env CACHEROUTE_DISPATCHERS"
+                            + (f", default {dispatchers_default})" if dispatchers_default else ")"))
+    if collector:
+        p.add_argument("--collector", default=env("COLLECTOR", DEFAULT_COLLECTOR),
+                       help=f"collector address (env CACHEROUTE_COLLECTOR, default {DEFAULT_COLLECTOR})")
+
+
+def lab_module(name: str, *, optional: bool = False):
+    """A module of the `lab` extra (matplotlib, tqdm): a one-line CliError when it is not
+    installed, or None when `optional` (the command then does without it)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name.split(".")[0]:
+            raise
+        if optional:
+            return None
+        raise CliError(f"{name} is not installed: this command needs the lab extra "
+                       "(pip install 'cacheroute[lab]')") from None
+
+
+def _error(message: str) -> int:
+    print(f"cacheroute: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cacheroute", description="Planned prefix-affinity routing for LLM serving.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in GROUPS:
-        try:
-            module = importlib.import_module(f"clients.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"clients.cli.{name}":
-                continue  # group not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"clients.cli.{name}").register(sub)
     return parser
 
 
@@ -34,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except CliError as exc:
-        print(f"cacheroute: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc))
+    except grpc.RpcError as exc:   # a call a command did not expect to fail: still one line
+        return _error(f"{exc.code().name}: {exc.details()}")  # type: ignore[attr-defined]
+    except (OSError, ValueError) as exc:
+        return _error(f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) else str(exc))
     except KeyboardInterrupt:
         return 130
 

@@ -37,7 +37,7 @@ import grpc
 import orjson
 
 from cacheroute.v1 import common_pb2
-from clients.cli import CliError
+from clients.cli import CliError, lab_module
 from clients.client import AsyncCacheRouteClient
 from clients.loadgen import Outcome, drive, relabel, spread_clients, summarize, window
 from services.core.request import Request
@@ -285,12 +285,16 @@ class Demo:
         self.notes: list[str] = []
 
     async def run(self, runs: dict[str, list[Request]]) -> dict[str, Any]:
+<<<<<<< HEAD
         if self.http_urls:
             from clients.httpload import http_clients
 
             clients = http_clients(self.http_urls, token=self.token)
         else:
             clients = spread_clients(self.dispatchers)
+=======
+        clients = spread_clients(self.dispatchers, token=self.token)
+>>>>>>> main
         control = AsyncCacheRouteClient(self.dispatchers, planner=self.planner, token=self.token, timeout=5.0)
         try:
             status = await control.planner_status()
@@ -344,7 +348,7 @@ class Demo:
         pending = list(self.dispatchers)
         while pending and asyncio.get_running_loop().time() < deadline:
             for address in list(pending):
-                async with AsyncCacheRouteClient(address, timeout=1.0) as one:
+                async with AsyncCacheRouteClient(address, token=self.token, timeout=1.0) as one:
                     if ready(await one.dispatcher_status()):
                         pending.remove(address)
             if pending:
@@ -358,11 +362,10 @@ class Demo:
 
     async def _drive(self, clients, requests: list[Request], label: str) -> list[Outcome]:
         bar = None
-        if self.progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(requests), desc=label, unit="req", file=sys.stderr, leave=True, dynamic_ncols=True,
-                       mininterval=0.5, disable=None)   # None: only on a terminal
+        tqdm = lab_module("tqdm", optional=True) if self.progress else None
+        if tqdm is not None:
+            bar = tqdm.tqdm(total=len(requests), desc=label, unit="req", file=sys.stderr, leave=True, dynamic_ncols=True,
+                            mininterval=0.5, disable=None)   # None: only on a terminal
         stats = {"cached": 0, "prompt": 0, "errors": 0}
 
         def on_result(o: Outcome) -> None:

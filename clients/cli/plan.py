@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from clients.cli import CliError
+from services import model
 from services.codec import plan_to_dict, read_plan_file, write_plan_file
 from services.core.planning import build_plan, plan_diff
 
@@ -124,12 +125,12 @@ def parse_replicas(spec: str) -> list[str]:
         if n < 1:
             raise CliError(f"--replicas must be >= 1, got {n}")
         return [f"r{i}" for i in range(n)]
-    ids = [part.strip() for part in spec.split(",")]
-    if any(not i for i in ids):
+    if any(not part.strip() for part in spec.split(",")):
         raise CliError(f"--replicas has an empty replica id: {spec!r}")
-    if len(set(ids)) != len(ids):
-        raise CliError(f"--replicas repeats a replica id: {spec!r}")
-    return ids
+    try:
+        return [r.id for r in model.parse_replicas(spec)]
+    except ValueError as exc:
+        raise CliError(f"--replicas: {exc}") from None
 
 
 def load_plan(path: str):

@@ -19,7 +19,7 @@ from collections import Counter
 import orjson
 
 from clients.cli import CliError
-from services.core.policies.cacheroute import COLD_TAILS, DEFAULT_COLD_TAIL
+from services.model import COLD_TAILS, DEFAULT_COLD_TAIL
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_shadow(args: argparse.Namespace) -> int:
     from services.core.engine import get_profile
-    from services.core.shadow import ShadowConfig, latest, shadow_replay, validated_range
+    from services.core.shadow import ShadowConfig, latest, validated_range
+    from services.sim.replay import shadow_replay
 
     try:
         profile = get_profile(args.profile)
@@ -75,11 +76,11 @@ def cmd_shadow(args: argparse.Namespace) -> int:
 
 def load_records(path: str, qps: float | None):
     """Aggregate records from a trace or a records file (ValueError naming the file on bad input)."""
-    from services.core import traces
     from services.core.shadow import ArrivalRecord, requests_to_records
+    from services.sim import tracefiles
 
     if path.endswith(".csv"):
-        return requests_to_records(traces.load_azure(path, qps=qps).requests)
+        return requests_to_records(tracefiles.load_azure(path, qps=qps).requests)
     try:
         with open(path, "rb") as f:
             first = f.readline()
@@ -90,7 +91,7 @@ def load_records(path: str, qps: float | None):
     except orjson.JSONDecodeError:
         raise ValueError(f"{path}:1: not JSON") from None
     if not is_records:
-        return requests_to_records(traces.load_mooncake(path, qps=qps).requests)
+        return requests_to_records(tracefiles.load_mooncake(path, qps=qps).requests)
     if qps is not None:
         raise ValueError("--qps rescales Mooncake/Azure traces only")
     out = []

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import orjson
 
-from clients.cli import CliError
+from clients.cli import CliError, lab_module
 from services.sim.runs import PROFILE_NAMES, RunSpec, capacity_report, check_names, load_requests, run_spec, sweep
 
 # workload knobs with their own flags; anything else via --knob NAME=VALUE
@@ -151,8 +151,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+    tqdm = lab_module("tqdm").tqdm
+    lab_module("matplotlib")       # the plots, before hours of sweeps
     from services.sim import report
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]

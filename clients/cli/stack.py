@@ -1,9 +1,11 @@
 """Commands that talk to a running stack: `cacheroute route` and `cacheroute status`.
 
 Each command is one `add_<name>(subparsers)` function listed in COMMANDS; a new command
-(e.g. `up`, `demo`) adds its function there. Output is JSON on stdout; an unreachable or
-failing service is a one-line error (exit 2) for `route`, and a field in the report
-(exit 1) for `status`.
+(e.g. `up`, `demo`) adds its function there. Both take the shared address flags
+(`clients.cli.add_address_flags`: --planner, --dispatchers, --collector). `route` prints JSON;
+`status` prints a table for people (services, then each dispatcher's replicas) and the same
+report as JSON with `--json`. An unreachable or failing service is a one-line error (exit 2)
+for `route`, and a row / field in the report (exit 1) for `status`.
 """
 
 from __future__ import annotations
@@ -17,13 +19,9 @@ import orjson
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, planner_pb2, planner_pb2_grpc
-from clients.cli import CliError
+from clients.cli import CliError, add_address_flags
 from clients.client import CacheRouteClient, RetryPolicy
-from services.rpc import env
-
-DEFAULT_DISPATCHER = "127.0.0.1:50053"
-DEFAULT_PLANNER = "127.0.0.1:50051"
-DEFAULT_COLLECTOR = "127.0.0.1:50052"
+from services.rpc import env, read_secret
 
 
 def _print(doc: Any) -> None:
@@ -46,8 +44,7 @@ def add_route(sub: argparse._SubParsersAction) -> None:
                        description="Print a dispatcher's routing decision for KEY (or a prompt) as JSON.")
     p.add_argument("key", nargs="?", help="routing key (omit with --prompt)")
     p.add_argument("--prompt", help="derive the key from this prompt text instead")
-    p.add_argument("--dispatcher", default=env("DISPATCHER", DEFAULT_DISPATCHER),
-                   help=f"dispatcher address(es), comma-separated (env CACHEROUTE_DISPATCHER, default {DEFAULT_DISPATCHER})")
+    add_address_flags(p, dispatchers=True)
     p.add_argument("--timeout", type=float, default=2.0, help="deadline per attempt, seconds (default 2)")
     p.set_defaults(func=run_route)
 
@@ -55,11 +52,12 @@ def add_route(sub: argparse._SubParsersAction) -> None:
 def run_route(args: argparse.Namespace) -> int:
     if (args.key is None) == (args.prompt is None):
         raise CliError("give a KEY or --prompt TEXT")
-    with CacheRouteClient(args.dispatcher, timeout=args.timeout, retry=RetryPolicy(rounds=2)) as client:
+    key = env("API_KEY") or read_secret(env("AUTH_TOKEN") or None, env("AUTH_TOKEN_FILE") or None)
+    with CacheRouteClient(args.dispatchers, api_key=key, timeout=args.timeout, retry=RetryPolicy(rounds=2)) as client:
         try:
             decision = client.route(args.key, prompt=args.prompt)
         except grpc.RpcError as err:
-            raise CliError(f"route failed at {args.dispatcher}: {err.code().name}: {err.details()}") from None  # type: ignore[attr-defined]
+            raise CliError(f"route failed at {args.dispatchers}: {err.code().name}: {err.details()}") from None  # type: ignore[attr-defined]
     _print(decision_doc(decision))
     return 0
 
@@ -68,16 +66,13 @@ def run_route(args: argparse.Namespace) -> int:
 
 def add_status(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="health, plan and per-replica load of a running stack",
-                       description="Print every service's health, the active plan version and mode, and each "
-                                   "dispatcher's view of replica load and hit rate, as JSON. Exit 1 if any "
-                                   "service is unreachable or not serving.")
-    p.add_argument("--planner", default=env("PLANNER", DEFAULT_PLANNER),
-                   help=f"planner address, '' to skip (env CACHEROUTE_PLANNER, default {DEFAULT_PLANNER})")
-    p.add_argument("--dispatchers", default=env("DISPATCHERS", DEFAULT_DISPATCHER),
-                   help=f"comma-separated dispatcher addresses (env CACHEROUTE_DISPATCHERS, default {DEFAULT_DISPATCHER})")
-    p.add_argument("--collector", default=env("COLLECTOR", DEFAULT_COLLECTOR),
-                   help=f"collector address, '' to skip (env CACHEROUTE_COLLECTOR, default {DEFAULT_COLLECTOR})")
+                       description="Print every service's health, the leader, the active plan version and mode, "
+                                   "and each dispatcher's view of replica load and hit rate: a table, or JSON "
+                                   "with --json. An address '' skips that service. Exit 1 if any service is "
+                                   "unreachable or not serving.")
+    add_address_flags(p, planner=True, dispatchers=True, collector=True)
     p.add_argument("--timeout", type=float, default=1.0, help="deadline per call, seconds (default 1)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run_status)
 
 
@@ -123,9 +118,49 @@ def run_status(args: argparse.Namespace) -> int:
         report["collector"] = _probe(args.collector, t, None)
     addresses = [a.strip() for a in args.dispatchers.split(",") if a.strip()]
     report["dispatchers"] = [_probe(a, t, lambda ch: dispatcher_doc(ch, t)) for a in addresses]
-    _print(report)
+    if args.json:
+        _print(report)
+    else:
+        sys.stdout.write(status_table(report))
     services = [report.get("planner"), report.get("collector"), *report["dispatchers"]]
     return 0 if all(s["health"] == "serving" and "error" not in s for s in services if s) else 1
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+
+
+def _service_detail(kind: str, doc: dict[str, Any]) -> str:
+    if "error" in doc:
+        return " ".join(doc["error"].split())
+    if kind == "planner" and "planner_id" in doc:
+        pinned = f", pinned v{doc['pinned_version']}" if doc["pinned_version"] else ""
+        role = "leader" if doc["leader"] else "standby"
+        return (f"{doc['planner_id']} ({role}), active v{doc['active_version']}, mode {doc['mode']}{pinned}, "
+                f"latest v{doc['latest_version']}; last loop: {doc['last_loop_outcome'] or '-'}")
+    if kind == "dispatcher" and "dispatcher_id" in doc:
+        return (f"{doc['dispatcher_id']}, plan v{doc['plan_version']} ({doc['plan_source'] or '-'}), mode {doc['mode']}, "
+                f"routed {doc['routed']} (planned {doc['planned']}, cold {doc['cold']}, fallback {doc['fallback']})")
+    return ""
+
+
+def status_table(report: dict[str, Any]) -> str:
+    """The status report for people: one row per service, then each dispatcher's replicas."""
+    services = [("planner", report["planner"])] if "planner" in report else []
+    services += [("collector", report["collector"])] if "collector" in report else []
+    services += [("dispatcher", d) for d in report["dispatchers"]]
+    lines = _table(["SERVICE", "ADDRESS", "HEALTH", "DETAIL"],
+                   [[kind, doc["address"], doc["health"], _service_detail(kind, doc)] for kind, doc in services])
+    for d in report["dispatchers"]:
+        if not d.get("replicas"):
+            continue
+        lines += ["", f"replicas seen by {d['dispatcher_id']} ({d['address']})"]
+        lines += _table(["REPLICA", "ADDRESS", "HEALTHY", "IN-FLIGHT", "WAITING", "RUNNING", "KV", "HIT", "ROUTED"],
+                        [[r["replica_id"], r["address"], "yes" if r["healthy"] else "no", str(r["in_flight"]),
+                          str(r["waiting"]), str(r["running"]), f"{r['kv_usage']:.0%}", f"{r['hit_rate']:.1%}",
+                          str(r["routed"])] for r in d["replicas"]])
+    return "\n".join(lines) + "\n"
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_route, add_status]

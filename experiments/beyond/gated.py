@@ -17,8 +17,8 @@ import time
 from dataclasses import replace
 
 from experiments.beyond.common import SOURCES, load, save
+from experiments.harness.gated import run_gated_spec
 from services.core.metrics import slo_capacity
-from services.sim.gated import run_gated_spec
 from services.sim.runs import PLANNED, calibrated_q_cap, run_spec
 
 KEEP = ("offered_qps", "hit_rate", "ttft_p99", "imbalance", "requests", "planned_share")

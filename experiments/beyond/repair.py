@@ -20,8 +20,8 @@ import sys
 from dataclasses import replace
 
 from experiments.beyond.common import save
+from experiments.harness.repair import RepairSimulator, incremental_plan_fn, timeline, window_summary
 from services.core.policies import make_policy
-from services.sim.repair import RepairSimulator, incremental_plan_fn, timeline, window_summary
 from services.sim.runs import RunSpec, calibrated_q_cap, config_for, load_requests
 from services.sim.simulator import Failure, default_plan_fn
 

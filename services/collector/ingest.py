@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import AsyncIterable, Callable
 
 from services.errors import Unavailable
+from services.model import MAX_KEY_BYTES, CacheStatRecord
 from services.rpc import kv
-from services.store import CacheStatRecord, Store
+from services.store import Store
+from services.store.keys import replica_id_problem
 
 log = logging.getLogger("cacheroute.collector")
 
-MAX_KEY_BYTES = 256
 FUTURE_SLACK_SECONDS = 60.0
 MAX_COUNT = 2**53  # beyond this a float sum of counts would lose integers
 
@@ -77,10 +78,8 @@ def arrival_problems(rows: list[tuple[str, float, int, int]], *, now: float,
 
 def cache_stat_problem(replica_id: str, prompt_tokens: int, cached_tokens: int, requests: int) -> str | None:
     """Why a cache-counter record is invalid, or None if it is fine."""
-    if not replica_id:
-        return "empty replica_id"
-    if len(replica_id.encode("utf-8", "replace")) > MAX_KEY_BYTES or "|" in replica_id:
-        return "replica_id too long or contains '|'"
+    if (problem := replica_id_problem(replica_id)) is not None:
+        return problem
     for name, value in (("prompt_tokens", prompt_tokens), ("cached_tokens", cached_tokens), ("requests", requests)):
         if not 0 <= value < MAX_COUNT:
             return f"{name} {value} out of range"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Callable
 
 from cacheroute.v1 import collector_pb2, collector_pb2_grpc
@@ -15,12 +16,32 @@ def _summary(t: Tally) -> collector_pb2.IngestSummary:
                                        duplicate_batches=t.duplicate_batches, first_rejection=t.first_rejection)
 
 
+def rates_response(snap, limit: int, max_bytes: int) -> collector_pb2.GetRatesResponse:
+    """The hottest `limit` keys of a snapshot that fit in `max_bytes` (the snapshot is sorted
+    by rate, so a cut keeps the head); `truncated` says whether any were left out."""
+    out = collector_pb2.GetRatesResponse(snapshot_id=snap.snapshot_id, window_seconds=snap.window_seconds,
+                                         total_arrivals=snap.total_arrivals, total_keys=len(snap.keys),
+                                         untracked_arrivals=getattr(snap, "untracked_arrivals", 0))
+    used, rates = out.ByteSize() + 16, []
+    for k, r, p, x in zip(snap.keys[:limit], snap.rates, snap.mean_prompt_tokens, snap.mean_prefix_tokens):
+        used += len(k.encode("utf-8")) + 40       # bound of one KeyRateSample with its framing
+        if used > max_bytes:
+            break
+        rates.append(collector_pb2.KeyRateSample(key=k, rate=r, mean_prompt_tokens=p, mean_prefix_tokens=x))
+    out.rates.extend(rates)
+    out.truncated = len(rates) < len(snap.keys)
+    return out
+
+
 class CollectorServicer(collector_pb2_grpc.CollectorServicer):
-    def __init__(self, ingestor: Ingestor, store: Store, *, window_seconds: float, clock: Callable[[], float]) -> None:
+    def __init__(self, ingestor: Ingestor, store: Store, *, window_seconds: float, clock: Callable[[], float],
+                 max_rates: int = 10_000, max_message_bytes: int = 8 * 1024 * 1024) -> None:
         self.ingestor = ingestor
         self.store = store
         self.window_seconds = window_seconds
         self.clock = clock
+        self.max_rates = max_rates
+        self.max_message_bytes = max_message_bytes
 
     async def ReportArrivals(self, request_iterator, context):
         return _summary(await self.ingestor.ingest_arrivals(request_iterator))
@@ -32,8 +53,5 @@ class CollectorServicer(collector_pb2_grpc.CollectorServicer):
         if request.window_seconds < 0:
             raise InvalidArgument("window_seconds must be >= 0")
         snap = await self.store.window_rates(self.clock(), request.window_seconds or self.window_seconds)
-        n = request.limit or len(snap.keys)
-        rates = [collector_pb2.KeyRateSample(key=k, rate=r, mean_prompt_tokens=p, mean_prefix_tokens=x)
-                 for k, r, p, x in zip(snap.keys[:n], snap.rates, snap.mean_prompt_tokens, snap.mean_prefix_tokens)]
-        return collector_pb2.GetRatesResponse(snapshot_id=snap.snapshot_id, window_seconds=snap.window_seconds,
-                                              rates=rates, total_arrivals=snap.total_arrivals)
+        limit = min(request.limit or self.max_rates, self.max_rates)
+        return await asyncio.to_thread(rates_response, snap, limit, self.max_message_bytes - 1024)

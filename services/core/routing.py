@@ -27,9 +27,9 @@ from array import array
 from typing import Sequence
 
 from services.core.request import BLOCK_TOKENS
+from services.model import MAX_KEY_BYTES
 
 VOCAB_SIZE = 128_256            # Llama 3's vocabulary; ids only need to be stable
-MAX_KEY_BYTES = 256
 DEFAULT_KEY_BLOCKS = 4
 DEFAULT_KEY_TOKENS = DEFAULT_KEY_BLOCKS * BLOCK_TOKENS
 _ROOT = b"\x00" * 8             # parent of block 0

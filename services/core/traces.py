@@ -1,4 +1,5 @@
-"""Real-trace loaders: Mooncake JSONL and Azure LLM inference CSV -> Workload.
+"""Real-trace parsing: Mooncake JSONL and Azure LLM inference CSV lines -> Workload. Pure: the
+lines come from the caller (services/sim/tracefiles.py opens the files).
 
 Mooncake (FAST'25): one request a line, `{"timestamp": ms, "input_length",
 "output_length", "hash_ids": [...]}`, each id one 512-token block, chained (an id
@@ -22,7 +23,7 @@ about the trace: hit rates on Azure measure the router under an assumed reuse pa
 
 Both loaders replay arrivals as recorded (seconds from the first request) or, with
 `qps=X`, rescale them so the mean arrival rate is X. Malformed lines raise ValueError
-naming the file and line; an unreadable file raises ValueError naming the file.
+naming the source (the file) and line.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import csv
 import math
 import os
 from datetime import datetime
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import orjson
@@ -48,12 +49,13 @@ _MASK63 = (1 << 63) - 1
 
 # ---------------------------------------------------------------- Mooncake
 
-def load_mooncake(path: str, *, qps: float | None = None, key_blocks: int = 2,
-                  limit: int | None = None) -> Workload:
-    """Load a Mooncake JSONL trace (first `limit` requests if given)."""
+def mooncake_workload(lines: Iterable[str], path: str, *, qps: float | None = None, key_blocks: int = 2,
+                      limit: int | None = None) -> Workload:
+    """A Mooncake JSONL trace's lines (first `limit` requests if given) as a workload; `path`
+    names the source in the workload and in errors."""
     if key_blocks < 1:
         raise ValueError("key_blocks must be >= 1")
-    rows = list(_mooncake_rows(path, limit))
+    rows = list(_mooncake_rows(lines, path, limit))
     uses: dict[int, int] = {}
     for _, _, _, ids in rows:
         for i in ids:
@@ -83,23 +85,22 @@ def load_mooncake(path: str, *, qps: float | None = None, key_blocks: int = 2,
     return _workload(f"mooncake:{os.path.basename(path)}", requests, prefix, knobs, seed=0)
 
 
-def _mooncake_rows(path: str, limit: int | None) -> Iterator[tuple[float, int, int, list[int]]]:
-    with _open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if limit is not None and lineno > limit:
-                return
-            if not line.strip():
-                continue
-            try:
-                rec = orjson.loads(line)
-                ts, inp, out, ids = rec["timestamp"], rec["input_length"], rec["output_length"], rec["hash_ids"]
-                _check(isinstance(ts, (int, float)) and ts >= 0, "timestamp must be a number >= 0")
-                _check(_is_int(inp) and inp >= 1, "input_length must be an integer >= 1")
-                _check(_is_int(out) and out >= 0, "output_length must be an integer >= 0")
-                _check(isinstance(ids, list) and all(_is_int(i) for i in ids), "hash_ids must be a list of integers")
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{path}:{lineno}: malformed Mooncake record: {_describe(e)}") from None
-            yield float(ts), inp, out, ids
+def _mooncake_rows(lines: Iterable[str], path: str, limit: int | None) -> Iterator[tuple[float, int, int, list[int]]]:
+    for lineno, line in enumerate(lines, 1):
+        if limit is not None and lineno > limit:
+            return
+        if not line.strip():
+            continue
+        try:
+            rec = orjson.loads(line)
+            ts, inp, out, ids = rec["timestamp"], rec["input_length"], rec["output_length"], rec["hash_ids"]
+            _check(isinstance(ts, (int, float)) and ts >= 0, "timestamp must be a number >= 0")
+            _check(_is_int(inp) and inp >= 1, "input_length must be an integer >= 1")
+            _check(_is_int(out) and out >= 0, "output_length must be an integer >= 0")
+            _check(isinstance(ids, list) and all(_is_int(i) for i in ids), "hash_ids must be a list of integers")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}:{lineno}: malformed Mooncake record: {_describe(e)}") from None
+        yield float(ts), inp, out, ids
 
 
 def sub_block_hashes(ids: np.ndarray) -> np.ndarray:
@@ -128,12 +129,13 @@ def _request_blocks(ids: list[int], input_length: int, id_blocks) -> tuple[int, 
 
 # ---------------------------------------------------------------- Azure
 
-def load_azure(path: str, *, qps: float | None = None, seed: int = 0, keys: int = 2000,
-               sigma: float = 1.65, prefix_share: float = 0.5, limit: int | None = None) -> Workload:
-    """Load an Azure LLM inference CSV, attaching seeded synthetic keys (module header)."""
+def azure_workload(lines: Iterable[str], path: str, *, qps: float | None = None, seed: int = 0, keys: int = 2000,
+                   sigma: float = 1.65, prefix_share: float = 0.5, limit: int | None = None) -> Workload:
+    """An Azure LLM inference CSV's lines as a workload, with seeded synthetic keys (module
+    header); `path` names the source in the workload and in errors."""
     if keys < 1 or not 0.0 <= prefix_share < 1.0:
         raise ValueError("load_azure needs keys >= 1 and 0 <= prefix_share < 1")
-    rows = list(_azure_rows(path, limit))
+    rows = list(_azure_rows(lines, path, limit))
     arrivals = _arrivals([r[0] for r in rows], qps, path)
     rng = np.random.default_rng(seed)
     shares = lognormal_shares(keys, sigma)
@@ -161,27 +163,26 @@ def load_azure(path: str, *, qps: float | None = None, seed: int = 0, keys: int 
     return _workload(f"azure:{os.path.basename(path)}", requests, prefix, knobs, seed=seed)
 
 
-def _azure_rows(path: str, limit: int | None) -> Iterator[tuple[float, int, int]]:
-    with _open(path) as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header] != AZURE_HEADER:
-            raise ValueError(f"{path}:1: expected header {','.join(AZURE_HEADER)}, got {header}")
-        epoch = None
-        for lineno, row in enumerate(reader, 2):
-            if limit is not None and lineno - 1 > limit:
-                return
-            if not row:
-                continue
-            try:
-                _check(len(row) == 3, f"expected 3 fields, got {len(row)}")
-                ts = datetime.fromisoformat(row[0].strip()).timestamp()
-                ctx, gen = int(row[1]), int(row[2])
-                _check(ctx >= 1 and gen >= 0, "ContextTokens must be >= 1 and GeneratedTokens >= 0")
-            except ValueError as e:
-                raise ValueError(f"{path}:{lineno}: malformed Azure record: {e}") from None
-            epoch = ts if epoch is None else epoch
-            yield ts - epoch, ctx, gen
+def _azure_rows(lines: Iterable[str], path: str, limit: int | None) -> Iterator[tuple[float, int, int]]:
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None or [h.strip() for h in header] != AZURE_HEADER:
+        raise ValueError(f"{path}:1: expected header {','.join(AZURE_HEADER)}, got {header}")
+    epoch = None
+    for lineno, row in enumerate(reader, 2):
+        if limit is not None and lineno - 1 > limit:
+            return
+        if not row:
+            continue
+        try:
+            _check(len(row) == 3, f"expected 3 fields, got {len(row)}")
+            ts = datetime.fromisoformat(row[0].strip()).timestamp()
+            ctx, gen = int(row[1]), int(row[2])
+            _check(ctx >= 1 and gen >= 0, "ContextTokens must be >= 1 and GeneratedTokens >= 0")
+        except ValueError as e:
+            raise ValueError(f"{path}:{lineno}: malformed Azure record: {e}") from None
+        epoch = ts if epoch is None else epoch
+        yield ts - epoch, ctx, gen
 
 
 # ---------------------------------------------------------------- shared
@@ -238,13 +239,6 @@ def _workload(name: str, requests: list[Request], prefix: dict[str, int], knobs:
     rates = {k: counts[k] / duration for k in keys}
     return Workload(name, n / duration, duration, seed, requests, keys, prefix, rates,
                     (RateEpoch(0.0, rates),), knobs)
-
-
-def _open(path: str):
-    try:
-        return open(path, encoding="utf-8", newline="")
-    except OSError as e:
-        raise ValueError(f"cannot read trace {path}: {e.strerror or e}") from None
 
 
 def _check(ok: bool, message: str) -> None:

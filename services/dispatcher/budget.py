@@ -19,7 +19,7 @@ however many keys it spreads them over; a tenant at a few requests per second is
 capped. What it does not: many callers (or many hosts on an open data plane) together,
 and N dispatchers give one caller N buckets. Knobs (dispatcher flags):
 `--caller-telemetry-rate` (CACHEROUTE_CALLER_TELEMETRY_RATE, 100/s; 0 = no bound) and
-`--caller-telemetry-burst` (CACHEROUTE_CALLER_TELEMETRY_BURST, 1000).
+`--caller-telemetry-burst` (CACHEROUTE_CALLER_TELEMETRY_BURST, 200).
 
 Pure: the caller passes `now`; no clock reads, no I/O.
 """
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class BudgetConfig:
     rate: float = 100.0          # arrivals per second per caller; 0: unbounded
-    burst: float = 1000.0        # bucket size
+    burst: float = 200.0         # bucket size
     max_callers: int = 10_000    # buckets kept; idle (full) ones are dropped first
 
     def __post_init__(self) -> None:

@@ -316,7 +316,7 @@ class FrontDoor:
                     tail = data
                     continue
                 ready, tail = data[:cut + 2], data[cut + 2:]
-                if b'"usage"' in ready:
+                if b'"usage":{' in ready or b'"usage": {' in ready:     # not the `"usage":null` of every chunk
                     ready, found = self._usage_events(i, ready, strip)
                     seen_usage = seen_usage or found
                 if ready:
@@ -362,7 +362,7 @@ class FrontDoor:
         for event in ready.split(b"\n\n"):
             if not event:
                 continue
-            if b'"usage"' in event and event.startswith(b"data: {"):
+            if (b'"usage":{' in event or b'"usage": {' in event) and event.startswith(b"data: {"):
                 try:
                     doc = orjson.loads(event[6:])
                 except orjson.JSONDecodeError:

@@ -23,8 +23,9 @@ from services import codec
 from services.planwire import SliceAssembler
 from services.dispatcher.router import Router
 from services.errors import ServiceError
+from services.model import Mode
 from services.rpc import Backoff, TLSFiles, aio_channel, kv, stop_tasks
-from services.store import Mode, Store
+from services.store import Store
 
 log = logging.getLogger("cacheroute.dispatcher.plans")
 

@@ -1,8 +1,10 @@
 """The dispatcher's routing state: replicas, load signals, the active plan, counters.
 
 The decision itself is the `cacheroute` policy (services.core.policies.cacheroute): an
-admitted key goes to the least-loaded healthy member of T(b) (PLANNED), a cold key to
-power-of-two choices (COLD), everything P2C in flat mode (FALLBACK). This class keeps
+admitted key goes to the least-loaded healthy member of T(b) (PLANNED), a cold key to the
+cold tail (COLD: `cold`, default services.model.DEFAULT_COLD_TAIL = "chwbl", bounded-load
+consistent hashing on the key, so every dispatcher with the same replica list agrees; or
+"p2c", power of two choices), everything P2C in flat mode (FALLBACK). This class keeps
 the policy's `ClusterState` current and counts what it did; it does no I/O.
 
 Load signal (`ClusterState.in_flight`): each replica's queue as the engine last reported
@@ -21,37 +23,13 @@ bounded telemetry buffer; no allocation beyond the tuple it appends.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import random
 from typing import Iterable, Sequence
 
 from services.core.plan import Plan
 from services.core.policies import make_policy
-from services.core.policies.cacheroute import DEFAULT_COLD_TAIL
 from services.core.policy import ClusterState, Pick, Reason
-
-
-@dataclass(frozen=True, slots=True)
-class Replica:
-    id: str
-    address: str
-
-
-def parse_replicas(text: str) -> tuple[Replica, ...]:
-    """`id=host:port,id=host:port` -> replicas; ValueError on a malformed or duplicate entry."""
-    out: list[Replica] = []
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        rid, sep, address = item.partition("=")
-        if not sep or not rid.strip() or not address.strip():
-            raise ValueError(f"replica {item!r} is not id=host:port")
-        out.append(Replica(rid.strip(), address.strip()))
-    if not out:
-        raise ValueError("no replicas configured")
-    ids = [r.id for r in out]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"duplicate replica id in {text!r}")
-    return tuple(out)
+from services.model import DEFAULT_COLD_TAIL, Replica
 
 
 class _Probe:
@@ -89,6 +67,7 @@ class Router:
         self.telemetry_dropped = 0
         self.telemetry_capped = 0                    # arrivals left out: their caller was over its budget
         self._probe = _Probe()
+        self._rng = random.Random(seed)              # which arrivals of a capped batch are reported
 
     # ------------------------------------------------------------ the decision
 
@@ -125,17 +104,19 @@ class Router:
         else:
             self.telemetry_dropped += 1
 
-    def route_many(self, requests: Iterable[tuple[str, int, int]], now: float, report: int | None = None) -> list[Pick]:
+    def route_many(self, requests: Iterable[tuple[str, int, int]], now: float,
+                   report: tuple[int, int] | None = None) -> list[Pick]:
         """`route` for each (key, prompt_tokens, prefix_tokens) in order, with the lookups
-        hoisted out of the loop (RouteBatch). Only the first `report` arrivals (None: all) are
-        buffered for telemetry; the rest count as `telemetry_capped`. On NoHealthyReplica the
-        earlier ones stay routed."""
+        hoisted out of the loop (RouteBatch). `report` = (granted, total): buffer `granted` of
+        the `total` arrivals for telemetry, drawn at random through the batch (a uniform
+        sample, so the caller's key mix is kept whatever the batch's order); the rest count as
+        `telemetry_capped`. None: all. On NoHealthyReplica the earlier ones stay routed."""
         probe, pick, state = self._probe, self.policy.pick, self.state
         in_flight, recent, routed_to, counts = state.in_flight, self.recent, self.routed_to, self.counts
         buf, room = self.telemetry, self.telemetry_capacity - len(self.telemetry)
-        allowed = -1 if report is None else report
+        sample = None if report is None else set(self._rng.sample(range(report[1]), min(report)))
         out: list[Pick] = []
-        for key, prompt_tokens, prefix_tokens in requests:
+        for n, (key, prompt_tokens, prefix_tokens) in enumerate(requests):
             probe.key = key
             p = pick(probe, state)   # type: ignore[arg-type]
             i = p.replica
@@ -143,15 +124,13 @@ class Router:
             recent[i] += 1
             routed_to[i] += 1
             counts[p.reason] += 1
-            if allowed == 0:
+            if sample is not None and n not in sample:
                 self.telemetry_capped += 1
             elif room > 0:
                 buf.append((key, now, prompt_tokens, prefix_tokens))
                 room -= 1
-                allowed -= 1
             else:
                 self.telemetry_dropped += 1
-                allowed -= 1
             out.append(p)
         return out
 

@@ -16,6 +16,7 @@ from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.router import Router
 from services.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from services.model import MAX_KEY_BYTES
 
 MODE = {False: common_pb2.MODE_PLANNED, True: common_pb2.MODE_FLAT}
 # engine answers before the first chunk after which Generate tries one other replica
@@ -147,23 +148,24 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         self._addresses = tuple(r.address for r in router.replicas)
         self._encoder = DecisionEncoder(self._ids, self._addresses)
 
-    def caller(self, context) -> str:
-        """Whose budget a call draws on: its tenant (API keys), else its peer host. The
-        interceptor has already refused calls without an accepted key."""
+    def caller(self, context) -> str | None:
+        """Whose budget a call draws on: its tenant (API keys), else its peer host; None for a
+        holder of the deployment token, who may set the plan outright (BuildPlan with explicit
+        rates), so bounding its telemetry would protect nothing. The interceptor has already
+        refused calls without an accepted key."""
         if self.keyring is not None and self.keyring.enabled:
             try:
                 tenant = self.keyring.tenant_of(_bearer(context))
             except Exception:  # noqa: BLE001 - refused upstream; treat as the peer
-                tenant = ""
-            if tenant:
-                return "tenant:" + tenant
+                return peer_host(context)
+            return "tenant:" + tenant if tenant else None
         return peer_host(context)
 
     def _granted(self, context, n: int, now: float) -> int:
         if not self.budget.bounded:
             return n
-        granted = self.budget.take(self.caller(context), n, now)
-        return granted
+        caller = self.caller(context)
+        return n if caller is None else self.budget.take(caller, n, now)
 
     def _route(self, key: str, prompt_tokens: int, prefix_tokens: int, now: float, *, report: bool = True,
                avoid: int = -1):
@@ -190,7 +192,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         requests = request.requests
         if len(requests) > self.rules.max_batch:
             raise InvalidArgument(f"batch of {len(requests)} exceeds {self.rules.max_batch} requests")
-        rules, quick = self.rules, routing.MAX_KEY_BYTES // 4
+        rules, quick = self.rules, MAX_KEY_BYTES // 4
         # a non-empty `key` is the oneof's source; up to 64 characters it is a valid key
         keys = [(k, 0) if 0 < len(k := r.key) <= quick else route_key(r, rules) for r in requests]  # all, first
         version = self.router.plan_version
@@ -199,7 +201,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         try:
             picks = self.router.route_many(
                 ((key, r.prompt_tokens, prefix) for r, (key, prefix) in zip(requests, keys)), now,
-                report=granted)
+                report=(granted, len(keys)) if granted < len(keys) else None)
         except NoHealthyReplica:
             raise Unavailable("no healthy replica") from None
         wire = self._encoder.encode(picks, [key for key, _ in keys], version)

@@ -1,0 +1,1 @@
+"""Simulated engine replica service: the engine model (services.core.engine) behind gRPC."""

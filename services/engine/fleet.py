@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.engine.__main__ import EngineConfig, EngineService
+from services.engine.service import EngineConfig, EngineService
 from services.rpc import ServerConfig
 
 

@@ -44,214 +44,18 @@ Live failure repair (services/planner/repair.py; needs id=host:port replicas):
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
+import dataclasses
 import os
 import socket
 import sys
-import time
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
-
-from cacheroute.v1 import planner_pb2_grpc
-from prometheus_client import Counter, Gauge, Histogram
 
 from services.core.shadow import FallbackConfig
-from services.planner.control import (
-    ControlLoop,
-    LoopConfig,
-    LoopCounters,
-    switching_config,
-)
-from services.planner.gate import Gate, GateConfig, default_cold_tail
-from services.planner.repair import Repairer, ReplicaHealth
-from services.planner.servicer import PlannerServicer
-from services.planner.watch import WatchHub
-from services.rpc import (
-    RpcMetrics,
-    RunningServer,
-    ServerConfig,
-    add_server_flags,
-    env,
-    env_number,
-    kv,
-    run_service,
-    server_config,
-    start_server,
-)
-from services.store import (
-    Store,
-    TelemetryConfig,
-    add_store_flags,
-    open_store,
-    telemetry_from_args,
-)
-
-log = logging.getLogger("cacheroute.planner")
-SERVICE = "cacheroute.v1.Planner"
-PROTECTED = frozenset({"BuildPlan", "ActivatePlan", "Rollback", "SetMode", "PinPlan", "UnpinPlan", "ShadowPlan"})
-
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    server: ServerConfig
-    loop: LoopConfig
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    key_prefix: str = "cr"
-    telemetry: TelemetryConfig = TelemetryConfig()
-    auto: bool = True
-    watch_poll_seconds: float = 0.5
-    gate: GateConfig = field(default_factory=GateConfig)
-    replica_addresses: Mapping[str, str] = field(default_factory=dict)   # id -> host:port (health checks)
-    repair: bool = True                   # repair when replica addresses are known
-    health_interval: float = 0.5
-    health_timeout: float = 0.3
-    repair_grace: float = 2.0
-    engine_kind: str = "cacheroute"       # kind of replica addresses without KIND+ (services.backends)
-    clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
-
-
-def _counters(registry, hub: WatchHub) -> LoopCounters:
-    active = Gauge("cacheroute_planner_active_version", "active plan version (0: none)", registry=registry)
-    flat = Gauge("cacheroute_planner_flat_mode", "1 in flat-fallback mode", registry=registry)
-    leader = Gauge("cacheroute_planner_leader", "1 while this planner holds the lease", registry=registry)
-    build = Histogram("cacheroute_planner_build_seconds", "candidate build + decision time", registry=registry,
-                      buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-    share = Gauge("cacheroute_planner_admitted_rate_share", "admitted rate share of the last candidate", registry=registry)
-    imbalance = Gauge("cacheroute_planner_predicted_imbalance", "max/mean expected load of the last candidate",
-                      registry=registry)
-    decisions = Counter("cacheroute_planner_switch_decisions_total", "loop outcomes", ["outcome"], registry=registry)
-    errors = Counter("cacheroute_planner_loop_errors_total", "failed loop iterations", registry=registry)
-
-    def on_state(state) -> None:
-        active.set(state.active_version)
-        flat.set(1 if state.mode.value == "flat" else 0)
-
-    def built(plan, seconds: float) -> None:
-        build.observe(seconds)
-        share.set(plan.admitted_rate_share)
-        imbalance.set(plan.predicted_imbalance)
-
-    hub.on_state = on_state
-    return LoopCounters(built=built, decision=lambda outcome: decisions.labels(outcome).inc(), error=errors.inc,
-                        leader=lambda is_leader: leader.set(1 if is_leader else 0))
-
-
-class PlannerService:
-    """The planner in this event loop: `await start()`, then `await stop()`."""
-
-    def __init__(self, config: PlannerConfig, store: Store | None = None) -> None:
-        self.config = config
-        self.store = store or open_store(config.redis_url, telemetry=config.telemetry, prefix=config.key_prefix)
-        self._owns_store = store is None
-        self.metrics = RpcMetrics(config.server.name)
-        self.hub = WatchHub(self.store, poll_seconds=config.watch_poll_seconds)
-        self.gate = Gate(config.gate)          # ShadowPlan and BuildPlan(shadow) even when the loop is ungated
-        self.health = self.repairer = None
-        self._warm: asyncio.Task | None = None
-        replicas = None
-        if config.repair and config.replica_addresses:
-            self.health = ReplicaHealth(config.replica_addresses, interval=config.health_interval,
-                                        timeout=config.health_timeout, tls=config.server.tls,
-                                        default_kind=config.engine_kind)
-            health, ids, grace = self.health, config.loop.replica_ids, config.repair_grace
-            replicas = lambda: health.usable(ids, grace)   # noqa: E731
-        self.loop = ControlLoop(self.store, config.loop, clock=config.clock, enabled=config.auto,
-                                counters=_counters(self.metrics.registry, self.hub),
-                                gate=self.gate if config.gate.enabled else None, replicas=replicas)
-        if self.health is not None and config.auto:
-            repairs = Counter("cacheroute_planner_repairs_total", "repaired plan versions written",
-                              registry=self.metrics.registry)
-            self.repairer = Repairer(self.store, self.health, grace=config.repair_grace, leader=self._lease_token,
-                                     clock=config.clock, on_repair=lambda outcome: repairs.inc())
-        self.running: RunningServer | None = None
-        self.servicer: PlannerServicer | None = None
-        self._resets = Counter("cacheroute_planner_store_resets", "times the store was found to have lost its plan "
-                               "state (Redis restarted without persistence)", registry=self.metrics.registry)
-        self.store.on_reset = self._store_reset
-
-    def _store_reset(self, seen: int, counter: int) -> None:
-        """The store forgot versions it had: say so loudly; version numbers stay above `seen`."""
-        self._resets.inc()
-        log.error("store lost its plan state", extra=kv(highest_version_seen=seen, version_counter=counter))
-        if self.servicer is not None:
-            self.servicer.forget_plans()
-
-    def _lease_token(self) -> int | None:
-        return self.loop.status().token if self.loop.leader else None
-
-    @property
-    def address(self) -> str:
-        assert self.running is not None
-        return self.running.address
-
-    async def start(self) -> "PlannerService":
-        servicer = self.servicer = PlannerServicer(self.store, self.loop, self.hub, planner_id=self.config.loop.planner_id,
-                                                   clock=self.config.clock, gate=self.gate,
-                                                   max_message_bytes=self.config.server.max_message_bytes)
-        self.running = await start_server(self.config.server, [(planner_pb2_grpc.add_PlannerServicer_to_server, servicer)],
-                                          [SERVICE], protected_methods=PROTECTED, audited_methods=PROTECTED,
-                                          metrics=self.metrics)
-        self.hub.start()
-        if self.health is not None:
-            await self.health.start()
-        if self.config.gate.enabled:
-            self._warm = asyncio.create_task(self._warm_up(), name="planner-gate-warm-up")
-        self.loop.start()
-        if self.repairer is not None:
-            self.repairer.start()
-        cfg = self.config.loop
-        log.info("planner ready", extra=kv(planner=cfg.planner_id, replicas=len(cfg.replica_ids), q_cap=cfg.q_cap,
-                                           warm_slots=cfg.warm_slots, interval=cfg.interval, auto=self.config.auto,
-                                           gate=self.config.gate.enabled, repair=self.repairer is not None))
-        return self
-
-    async def _warm_up(self) -> None:
-        try:
-            await self.gate.warm_up()
-        except Exception as exc:  # noqa: BLE001 - the first gate will say what is wrong
-            log.warning("shadow replay worker did not start", extra=kv(error=str(exc)))
-
-    async def stop(self, grace: float | None = None) -> None:
-        if self.running is not None:
-            await self.running.set_serving(False)
-        if self.repairer is not None:
-            await self.repairer.stop()
-        await self.loop.stop()
-        await self.hub.stop()
-        if self.health is not None:
-            await self.health.stop()
-        if self._warm is not None:
-            self._warm.cancel()
-        await self.gate.close()
-        if self.running is not None:
-            await self.running.stop(grace)
-        if self._owns_store:
-            await self.store.close()
-
-
-async def serve(config: PlannerConfig, store: Store | None = None) -> PlannerService:
-    return await PlannerService(config, store).start()
-
-
-def parse_replicas(text: str) -> tuple[str, ...]:
-    """"a,b" or "a=host:port,b=host:port" -> ("a", "b")."""
-    ids = tuple(part.split("=", 1)[0].strip() for part in text.split(",") if part.strip())
-    if not ids:
-        raise ValueError("no replicas given (--replicas or CACHEROUTE_REPLICAS)")
-    if len(set(ids)) != len(ids) or not all(ids):
-        raise ValueError(f"replica ids must be distinct and non-empty: {text!r}")
-    return ids
-
-
-def parse_replica_addresses(text: str) -> dict[str, str]:
-    """"a=host:port,b=host:port" -> {"a": "host:port", ...}; bare ids have no address (no health checks)."""
-    out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        rid, sep, address = part.partition("=")
-        if sep and address.strip():
-            out[rid.strip()] = address.strip()
-    return out
+from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
+from services.planner.control import LoopConfig, switching_config
+from services.planner.gate import GateConfig
+from services.planner.service import PlannerConfig, serve
+from services.rpc import add_server_flags, env, env_number, run_service, server_config
+from services.store import add_store_flags, telemetry_from_args
 
 
 def parse_knobs(text: str, what: str = "switching") -> dict[str, float]:
@@ -308,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds one replay may take; an overrun fails the gate (default 30)")
     g.add_argument("--gate-max-requests", type=int, default=env_number("GATE_MAX_REQUESTS", "2000", int),
                    help="latest records replayed (default 2000)")
-    g.add_argument("--cold-tail", choices=("p2c", "chwbl"), default=env("COLD_TAIL", default_cold_tail()),
-                   help=f"the dispatchers' cold tail, replayed with the candidate (default {default_cold_tail()})")
+    g.add_argument("--cold-tail", choices=COLD_TAILS, default=env("COLD_TAIL", DEFAULT_COLD_TAIL),
+                   help=f"the dispatchers' cold tail, replayed with the candidate (default {DEFAULT_COLD_TAIL})")
     g.add_argument("--fallback-knobs", default=env("FALLBACK_KNOBS", ""),
                    help="key_tolerance=,p99_tolerance=,p99_slack= (services.core.shadow.FallbackConfig)")
     g = p.add_argument_group("live failure repair")
@@ -340,8 +144,6 @@ def gate_from_args(args: argparse.Namespace) -> GateConfig:
 
 
 def _known(knobs: dict[str, float], cls) -> dict[str, float]:
-    import dataclasses
-
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(knobs) - names)
     if unknown:
@@ -362,13 +164,14 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
     for name in ("health_interval", "health_timeout", "repair_grace"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
-    loop = LoopConfig(replica_ids=parse_replicas(args.replicas or ""), q_cap=args.q_cap, warm_slots=args.warm_slots,
+    replicas = parse_replicas(args.replicas or "")
+    loop = LoopConfig(replica_ids=tuple(r.id for r in replicas), q_cap=args.q_cap, warm_slots=args.warm_slots,
                       interval=args.interval, window_seconds=args.window, incremental=bool(args.incremental),
                       switching=switching_config(parse_knobs(args.switch_knobs)), planner_id=args.planner_id,
                       lease_ttl=args.lease_ttl, keep_versions=args.keep_versions, max_moves=args.max_moves or None)
     return PlannerConfig(server=server_config("planner", args), loop=loop, redis_url=args.redis,
                          key_prefix=args.key_prefix, telemetry=telemetry_from_args(args), auto=bool(args.auto),
-                         gate=gate_from_args(args), replica_addresses=parse_replica_addresses(args.replicas or ""),
+                         gate=gate_from_args(args), replica_addresses={r.id: r.address for r in replicas if r.address},
                          repair=bool(args.repair), health_interval=args.health_interval,
                          health_timeout=args.health_timeout, repair_grace=args.repair_grace,
                          engine_kind=args.engine_kind)

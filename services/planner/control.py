@@ -1,12 +1,12 @@
 """The planner's control loop: lease, candidate build, keep-or-switch, activation.
 
-Each interval the lease holder reads the telemetry window, builds a candidate (churn-aware
-from the active plan when `services.core.replan` is available, else from scratch with the
-active plan as parent), asks `services.core.switching.decide_switch` whether the candidate's
-gain outweighs its re-warm cost (SPEC section 2), stores the candidate with that decision
-recorded on it, and activates it when the decision says switch: a compare-and-set on the
-version it read, fenced by its lease token, refused by the store when a version is pinned or
-the mode is flat. Its automatic mode changes (the gate's fallback and return) carry the same
+Each interval the lease holder reads the telemetry window and runs the plan-candidate use case
+(services/planner/candidate.py, shared with BuildPlan): it builds a candidate (churn-aware from
+the active plan, or from scratch with the active plan as parent), asks
+`services.core.switching.decide_switch` whether the candidate's gain outweighs its re-warm cost
+(SPEC section 2), stores the candidate with that decision recorded on it, and activates it when
+the decision says switch: a compare-and-set on the version it read, fenced by its lease token,
+refused by the store when a version is pinned or the mode is flat. Its automatic mode changes (the gate's fallback and return) carry the same
 token. A standby planner keeps trying to take the lease and takes over when it expires; a
 deposed leader's activations and mode changes are refused by the fencing check.
 
@@ -25,90 +25,32 @@ import asyncio
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Mapping
 
-from services.core.plan import Plan, SwitchDecision
-from services.core.planning import build_plan, with_churn
+from services.core.plan import Plan
+from services.core.switching import SwitchConfig
 from services.errors import FailedPrecondition, Unavailable
+from services.model import ControlState, Mode
+from services.planner.candidate import BuildInputs, propose
 from services.rpc import kv, stop_tasks
-from services.store import ControlState, Fenced, FlatMode, Mode, Pinned, RatesSnapshot, StaleVersion, Store
+from services.store import Fenced, FlatMode, Pinned, StaleVersion, Store
 
 if TYPE_CHECKING:
     from services.planner.gate import Gate, Verdict
 
-try:  # the churn-aware re-planner and switching rule; the loop degrades without them
-    from services.core import replan as _replan
-except ImportError:  # pragma: no cover - depends on what has landed
-    _replan = None
-try:
-    from services.core import switching as _switching
-except ImportError:  # pragma: no cover
-    _switching = None
 
 log = logging.getLogger("cacheroute.planner")
 
 
-def incremental_available() -> bool:
-    return _replan is not None and hasattr(_replan, "replan_incremental")
-
-
-def switching_config(knobs: Mapping[str, float]) -> object | None:
+def switching_config(knobs: Mapping[str, float]) -> SwitchConfig:
     """The switching rule's config from NAME=VALUE knobs (ValueError for unknown names)."""
-    if _switching is None:
-        if knobs:
-            raise ValueError("switching knobs given but services.core.switching is not available")
-        return None
-    cls = _switching.SwitchConfig
+    cls = SwitchConfig
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(knobs) - names)
     if unknown:
         raise ValueError(f"unknown switching knob(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
     return cls(**knobs)
-
-
-@dataclass(frozen=True)
-class BuildInputs:
-    keys: Sequence[str]
-    rates: Sequence[float]
-    prefix_tokens: Mapping[str, float] | float
-    replica_ids: tuple[str, ...]
-    q_cap: float
-    warm_slots: int
-    snapshot_id: str = ""
-    window_seconds: float = 0.0
-
-    @classmethod
-    def from_snapshot(cls, snap: RatesSnapshot, replica_ids: Sequence[str], q_cap: float, warm_slots: int) -> "BuildInputs":
-        return cls(snap.keys, snap.rates, snap.prefix_map(), tuple(replica_ids), q_cap, warm_slots,
-                   snap.snapshot_id, snap.window_seconds)
-
-
-def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, created_at: float,
-                    incremental: bool, max_moves: int | None = None) -> Plan:
-    """A candidate: churn-aware from `active` when asked and possible (at most `max_moves`
-    rebalancing moves; None: unbounded), else LPT from scratch."""
-    if incremental and active is not None and incremental_available():
-        plan = _replan.replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
-                                          inputs.warm_slots, version=version, created_at=created_at,
-                                          max_moves=max_moves)
-        plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
-        return with_churn(plan, active) if plan.churn is None else plan
-    return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
-                      version=version, parent=active, created_at=created_at,
-                      rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
-
-
-def decide(active: Plan | None, candidate: Plan, inputs: BuildInputs, *, now: float, last_switch_at: float,
-           config: object | None) -> SwitchDecision:
-    """The switching rule when available; without it: switch only when nothing is active."""
-    if _switching is not None:
-        rates = dict(zip(inputs.keys, inputs.rates))
-        return _switching.decide_switch(active, candidate, rates, inputs.prefix_tokens, now=now,
-                                        last_switch_at=last_switch_at, config=config or _switching.SwitchConfig())
-    if active is None:
-        return SwitchDecision(True, "no active plan", churn=candidate.churn or 0.0)
-    return SwitchDecision(False, "switching rule unavailable: keeping the active plan", churn=candidate.churn or 0.0)
 
 
 @dataclass(frozen=True)
@@ -119,7 +61,7 @@ class LoopConfig:
     interval: float = 30.0
     window_seconds: float = 300.0
     incremental: bool = True
-    switching: object | None = None
+    switching: SwitchConfig | None = None
     planner_id: str = "planner"
     lease_ttl: float = 15.0
     keep_versions: int = 500
@@ -263,41 +205,41 @@ class ControlLoop:
         snap = await store.window_rates(now, cfg.window_seconds)
         if snap.total_arrivals < cfg.min_arrivals:
             return f"skipped: {snap.total_arrivals} arrivals in the window"
-        state, active = await store.get_active_plan()
-        last_switch_at = next(iter(await store.history(1)), None)
-        version = await store.next_version()
         inputs = BuildInputs.from_snapshot(snap, self.replicas(), cfg.q_cap, cfg.warm_slots)
-        started = time.perf_counter()
-        candidate = await asyncio.to_thread(build_candidate, inputs, active, version=version, created_at=now,
-                                            incremental=cfg.incremental, max_moves=cfg.max_moves)
-        decision = await asyncio.to_thread(decide, active, candidate, inputs, now=now,
-                                           last_switch_at=last_switch_at.at if last_switch_at else 0.0,
-                                           config=cfg.switching)
-        self.counters.built(candidate, time.perf_counter() - started)
-        plan = dataclasses.replace(candidate, decision=decision)
-        verdict = None
-        if self.gate is not None:
-            plan, verdict = await self.gate_candidate(plan, state, active, now)
-        await store.put_plan(plan)
-        if verdict is not None and verdict.mode == Mode.FLAT:
-            if await self.change_mode(Mode.FLAT, verdict.reason, token, now):
-                outcome = f"fallback: v{plan.version} stored, mode flat, {verdict.reason}"
-            else:
-                outcome = f"refused: deposed, v{plan.version} stored, mode not changed"
-        else:
-            returning = verdict is not None and verdict.mode == Mode.PLANNED
-            outcome = await self.apply_decision(plan, state.active_version, token, now, automatic=not returning)
-            if returning and outcome.startswith("switched"):
-                if await self.change_mode(Mode.PLANNED, verdict.reason, token, now):
-                    outcome = f"returned: v{plan.version} active, mode planned, {verdict.reason}"
-                else:
-                    outcome = f"refused: deposed after activating v{plan.version}, mode not changed"
+
+        async def gate(plan: Plan, state: ControlState, active: Plan | None) -> tuple[Plan, "Verdict"]:
+            return await self.gate_candidate(plan, state, active, now)
+
+        async def activate(plan: Plan, state: ControlState, verdict: "Verdict | None") -> str:
+            return await self.settle(plan, state, verdict, token, now)
+
+        done = await propose(store, inputs, now=now, incremental=cfg.incremental, max_moves=cfg.max_moves,
+                             switching=cfg.switching, activate=activate,
+                             review=gate if self.gate is not None else None)
+        plan, outcome = done.plan, done.outcome
+        self.counters.built(plan, done.build_seconds)
         self.counters.decision(outcome.split(":", 1)[0])
         if cfg.keep_versions > 0:
             await store.prune_plans(cfg.keep_versions)
-        log.info("control loop", extra=kv(version=version, outcome=outcome, keys=len(snap.keys),
+        log.info("control loop", extra=kv(version=plan.version, outcome=outcome, keys=len(snap.keys),
                                           admitted=plan.admitted_keys, churn=plan.churn,
                                           imbalance=plan.predicted_imbalance, reason=plan.decision.reason))
+        return outcome
+
+    async def settle(self, plan: Plan, state: ControlState, verdict: "Verdict | None", token: int | None,
+                     now: float) -> str:
+        """The loop's activation step for a stored candidate: the gate's fallback to flat, or the
+        decision applied (and, when the gate returns from its own fallback, mode planned again)."""
+        if verdict is not None and verdict.mode == Mode.FLAT:
+            if await self.change_mode(Mode.FLAT, verdict.reason, token, now):
+                return f"fallback: v{plan.version} stored, mode flat, {verdict.reason}"
+            return f"refused: deposed, v{plan.version} stored, mode not changed"
+        returning = verdict is not None and verdict.mode == Mode.PLANNED
+        outcome = await self.apply_decision(plan, state.active_version, token, now, automatic=not returning)
+        if returning and outcome.startswith("switched"):
+            if await self.change_mode(Mode.PLANNED, verdict.reason, token, now):
+                return f"returned: v{plan.version} active, mode planned, {verdict.reason}"
+            return f"refused: deposed after activating v{plan.version}, mode not changed"
         return outcome
 
     async def gate_candidate(self, plan: Plan, state: ControlState, active: Plan | None,

@@ -2,7 +2,7 @@
 
 Gate. Before the control loop activates a candidate (and for BuildPlan with shadow=true), the
 arrival log of the last `window_seconds` (the store's aggregate records: key, time, prompt and
-prefix tokens; never content) is replayed through `services.core.shadow.shadow_replay` for the
+prefix tokens; never content) is replayed through `services.sim.replay.shadow_replay` for the
 candidate and for Flat-LB at matched load and on a few scaled loads. The candidate may go live
 only if its p99 TTFT or SLO capacity is better by `margin` (hit rate alone never counts); the
 report is stored on the plan version (Plan.shadow), so GetPlan / `cacheroute plans show` show it.
@@ -42,28 +42,20 @@ import logging
 import math
 import multiprocessing
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from services.core.plan import Plan, ShadowReport
 from services.core.shadow import FallbackConfig, Observed, fallback_check
+from services.model import DEFAULT_COLD_TAIL, ArrivalRecord, Mode
 from services.rpc import kv
-from services.store import ArrivalRecord, Mode, Store
+from services.store import Store
 
 log = logging.getLogger("cacheroute.planner.gate")
 
 FALLBACK_TAG = "auto-fallback: "     # mode reasons the loop wrote itself (and may undo)
 RETURN_TAG = "auto-return: "
 UNBOUNDED = 1e9                       # stored for a p99 the replay could not bound (JSON has no inf)
-
-
-def default_cold_tail() -> str:
-    """The cacheroute policy's own default cold tail, so live and simulated runs agree."""
-    import inspect
-
-    from services.core.policies.cacheroute import CacheRoutePolicy
-
-    return inspect.signature(CacheRoutePolicy).parameters["cold"].default
 
 
 @dataclass(frozen=True)
@@ -78,7 +70,7 @@ class GateConfig:
     timeout: float = 30.0
     max_requests: int = 2000
     load_scales: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 4.0)
-    cold: str = field(default_factory=default_cold_tail)
+    cold: str = DEFAULT_COLD_TAIL         # the dispatchers' cold tail (live and simulated runs agree)
     fallback: FallbackConfig = FallbackConfig()
     seed: int = 0
 
@@ -117,13 +109,14 @@ def evaluate(records: Sequence[tuple[str, float, int, int]], candidate_json: byt
     """Gate the candidate and observe the active plan on `records` (key, wall time, prompt, prefix)."""
     from services import codec
     from services.core import shadow
+    from services.sim import replay
 
     recs = shadow.latest([shadow.ArrivalRecord(k, t / config.time_scale, max(1, p), x) for k, t, p, x in records],
                          config.max_requests)
     out: dict[str, Any] = {"report": None, "observed": None}
     if candidate_json is not None:
         plan = codec.plan_from_json(candidate_json)
-        out["report"] = dataclasses.asdict(_finite(shadow.shadow_replay(recs, plan, config.shadow_config(plan.replicas))))
+        out["report"] = dataclasses.asdict(_finite(replay.shadow_replay(recs, plan, config.shadow_config(plan.replicas))))
     if active_json is not None:
         active = codec.plan_from_json(active_json)
         out["observed"] = dataclasses.asdict(_observe(recs, active, config))
@@ -132,13 +125,14 @@ def evaluate(records: Sequence[tuple[str, float, int, int]], candidate_json: byt
 
 def _observe(recs: list, active: Plan, config: GateConfig) -> Observed:
     from services.core import shadow
+    from services.sim import replay
 
     keys = len({r.key for r in recs})
     reqs = shadow.records_to_requests(recs, default_output_tokens=192)
     if len(reqs) < 10 or reqs[-1].arrival <= 0:
         return Observed(keys, math.nan)
     qps = (len(reqs) - 1) / reqs[-1].arrival
-    side = shadow.replay_side(reqs, qps, config.shadow_config(active.replicas, scales=(1.0,)), active)
+    side = replay.replay_side(reqs, qps, config.shadow_config(active.replicas, scales=(1.0,)), active)
     return Observed(keys, min(side.ttft_p99, UNBOUNDED))        # nan (nothing measured) stays nan
 
 

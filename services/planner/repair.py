@@ -31,8 +31,9 @@ from typing import Callable, Mapping
 from services.backends import BackendDown, make_backend
 from services.core.replan import repair_plan
 from services.errors import FailedPrecondition, Unavailable
+from services.model import Mode
 from services.rpc import TLSFiles, every, kv, stop_tasks
-from services.store import Fenced, Mode, Store
+from services.store import Fenced, Store
 
 log = logging.getLogger("cacheroute.planner.repair")
 

@@ -13,10 +13,12 @@ from services import codec, planwire
 from services.core.plan import Plan
 from services.core.planning import plan_diff
 from services.errors import FailedPrecondition, InvalidArgument, NotFound
-from services.planner.control import BuildInputs, ControlLoop, build_candidate, decide, incremental_available
+from services.model import ControlState, Mode
+from services.planner.candidate import BuildInputs, propose
+from services.planner.control import ControlLoop
 from services.planner.gate import Gate
 from services.planner.watch import WatchHub
-from services.store import ControlState, Mode, Pinned, StaleVersion, Store, summary_of
+from services.store import Pinned, StaleVersion, Store, summary_of
 
 MAX_MOVES = 10_000          # DiffPlans moves per answer, whatever max_moves asks
 MAX_REASON_BYTES = 512      # operator reasons (SetMode, ActivatePlan, Rollback): stored, shown by GetStatus
@@ -150,11 +152,43 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     # ---- control (bearer token when configured)
 
     async def BuildPlan(self, request, context):
-        cfg, now = self.loop.config, self.clock()
         if request.shadow and self.gate is None:
             raise FailedPrecondition("the shadow gate is not available on this planner")
-        if request.incremental and not incremental_available():
-            raise FailedPrecondition("incremental re-planning is not available on this planner")
+        now = self.clock()
+        inputs = await self._build_inputs(request, now)
+
+        def check(state: ControlState) -> None:   # refusals the activation would meet
+            if request.activate and state.active_version != request.expected_active_version:
+                raise StaleVersion(f"stale expected version: active is {state.active_version}")
+            if request.activate and state.pinned_version:
+                raise Pinned(f"version {state.pinned_version} is pinned; unpin it first")
+
+        async def review(plan: Plan, state: ControlState, active: Plan | None) -> tuple[Plan, tuple]:
+            passed = True
+            if request.shadow:   # gated: activate only if the replay passes
+                report = (await self.gate.run(self.store, now, plan, None)).report
+                plan, passed = dataclasses.replace(plan, shadow=report), report.passed
+            # the answer is encoded before anything is stored: one that cannot be sent changes
+            # nothing (a table above the limit is answered with its first slice; GetPlan pages on)
+            answer = await asyncio.to_thread(planwire.plan_page, plan, planwire.budget_for(self.max_message_bytes))
+            return plan, (passed, answer)
+
+        async def activate(plan: Plan, state: ControlState, verdict: tuple) -> planner_pb2.BuildPlanResponse:
+            passed, answer = verdict
+            activated = request.activate and passed
+            if activated:
+                await self.store.activate(plan.version, expected=request.expected_active_version, now=now,
+                                          reason="BuildPlan (shadow gate passed)" if request.shadow else "BuildPlan")
+            return planner_pb2.BuildPlanResponse(plan=answer, activated=activated)
+
+        done = await propose(self.store, inputs, now=now, incremental=request.incremental, max_moves=None,
+                             switching=self.loop.config.switching, check=check, review=review, activate=activate)
+        return done.outcome
+
+    async def _build_inputs(self, request: planner_pb2.BuildPlanRequest, now: float) -> BuildInputs:
+        """BuildPlan's inputs: the request's rates, else the telemetry window; the loop's
+        replicas, q_cap and W unless the request names its own."""
+        cfg = self.loop.config
         if request.q_cap < 0 or not math.isfinite(request.q_cap):
             raise InvalidArgument("q_cap must be finite and > 0")
         if any(not rid for rid in request.replica_ids):
@@ -162,39 +196,11 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         replicas = tuple(request.replica_ids) or cfg.replica_ids
         q_cap, warm = request.q_cap or cfg.q_cap, request.warm_slots or cfg.warm_slots
         if request.rates:
-            inputs = _explicit_inputs(request, replicas, q_cap, warm)
-        else:
-            snap = await self.store.window_rates(now, cfg.window_seconds)
-            if not snap.keys:
-                raise FailedPrecondition(f"no telemetry in the last {cfg.window_seconds:g}s and no explicit rates")
-            inputs = BuildInputs.from_snapshot(snap, replicas, q_cap, warm)
-        state, active = await self.store.get_active_plan()
-        last = await self.store.history(1)
-        # build (and so validate) first: a refused request must not use up a version number
-        plan = await asyncio.to_thread(build_candidate, inputs, active, version=0, created_at=now,
-                                       incremental=request.incremental)
-        if request.activate:   # refusals the activation would meet: before a version is used up
-            if state.active_version != request.expected_active_version:
-                raise StaleVersion(f"stale expected version: active is {state.active_version}")
-            if state.pinned_version:
-                raise Pinned(f"version {state.pinned_version} is pinned; unpin it first")
-        plan = dataclasses.replace(plan, version=await self.store.next_version())
-        decision = await asyncio.to_thread(decide, active, plan, inputs, now=now,
-                                           last_switch_at=last[0].at if last else 0.0, config=cfg.switching)
-        plan = dataclasses.replace(plan, decision=decision)
-        activate = request.activate
-        if request.shadow:   # gated: activate only if the replay passes
-            report = (await self.gate.run(self.store, now, plan, None)).report
-            plan = dataclasses.replace(plan, shadow=report)
-            activate = activate and report.passed
-        # encode the answer before anything is stored: one that cannot be sent must change
-        # nothing (a table above the limit is answered with its first slice; GetPlan pages on)
-        answer = await asyncio.to_thread(planwire.plan_page, plan, planwire.budget_for(self.max_message_bytes))
-        await self.store.put_plan(plan)
-        if activate:
-            await self.store.activate(plan.version, expected=request.expected_active_version, now=now,
-                                      reason="BuildPlan (shadow gate passed)" if request.shadow else "BuildPlan")
-        return planner_pb2.BuildPlanResponse(plan=answer, activated=activate)
+            return _explicit_inputs(request, replicas, q_cap, warm)
+        snap = await self.store.window_rates(now, cfg.window_seconds)
+        if not snap.keys:
+            raise FailedPrecondition(f"no telemetry in the last {cfg.window_seconds:g}s and no explicit rates")
+        return BuildInputs.from_snapshot(snap, replicas, q_cap, warm)
 
     async def ShadowPlan(self, request, context):
         if self.gate is None:

@@ -15,8 +15,9 @@ import logging
 from typing import AsyncIterator
 
 from services.errors import Unavailable
+from services.model import ControlState
 from services.rpc import Backoff, kv, stop_tasks
-from services.store import ControlState, Store
+from services.store import Store
 
 log = logging.getLogger("cacheroute.planner")
 

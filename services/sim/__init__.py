@@ -1,0 +1,1 @@
+"""The discrete-event simulator, its calibration, the shadow gate's replays and trace files."""

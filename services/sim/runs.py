@@ -38,14 +38,14 @@ class RunSpec:
 def load_requests(spec: RunSpec) -> list[Request]:
     """The spec's requests, sorted by arrival. ValueError with the valid choices if unknown."""
     if spec.trace is not None:
-        from services.core import traces
+        from services.sim import tracefiles
 
         if not os.path.isfile(spec.trace) or not os.access(spec.trace, os.R_OK):
             raise ValueError(f"cannot read trace {spec.trace!r}")
         if spec.trace.endswith((".jsonl", ".json")):
-            wl = traces.load_mooncake(spec.trace, qps=spec.qps, **spec.workload_knobs)
+            wl = tracefiles.load_mooncake(spec.trace, qps=spec.qps, **spec.workload_knobs)
         elif spec.trace.endswith(".csv"):
-            wl = traces.load_azure(spec.trace, qps=spec.qps, seed=spec.seed, **spec.workload_knobs)
+            wl = tracefiles.load_azure(spec.trace, qps=spec.qps, seed=spec.seed, **spec.workload_knobs)
         else:
             raise ValueError(f"unknown trace format {spec.trace!r}; use Mooncake .jsonl or Azure .csv")
         reqs = wl.requests

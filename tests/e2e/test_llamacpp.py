@@ -32,10 +32,10 @@ import pytest
 
 from services.auth import KeyRing
 from services.core.planning import build_plan
-from services.dispatcher.__main__ import DispatcherConfig, serve
+from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.http import HttpConfig
 from services.dispatcher.keys import request_key
-from services.dispatcher.router import parse_replicas
+from services.model import parse_replicas
 from services.engine.llamacpp import smollm2_gguf
 from services.oai import chat_text
 from services.rpc import ServerConfig
@@ -155,6 +155,10 @@ def test_two_llamacpp_replicas_behind_a_dispatcher_planned_vs_flat(tmp_path, cap
                 assert sorted(len(m) for m in plan.table.values()) == [1, 1, 1, 1]
                 service.router.set_plan(plan, flat=False, source="test")
                 planned = await rounds(service.http_url, planned_tenants)
+                # the llamacpp backend reads the replica's own counters (llamacpp: metric names)
+                scraped = [await b.poll(5.0) for b in service.monitor.backends]
+                assert all(s.has_load and s.has_counters and s.cached_tokens > 0 for s in scraped), scraped
+                assert sum(service.http.usage.requests) == len(planned)   # usage of every stream, for the collector
                 service.router.set_plan(plan, flat=True, source="test")
                 flat = await rounds(service.http_url, flat_tenants)
                 return planned, flat, plan
@@ -187,3 +191,25 @@ def test_two_llamacpp_replicas_behind_a_dispatcher_planned_vs_flat(tmp_path, cap
     assert p_fig["repeat_ttft"] < 0.5 * p_fig["first_ttft"], planned
     assert all(r["reason"] == "fallback" for r in flat)
     assert f_fig["mean_repeat_hit"] < p_fig["mean_repeat_hit"] - 0.1, flat
+
+
+def test_the_local_stack_with_llamacpp_replicas_streams_through_the_openai_sdk():
+    """What `cacheroute up --engine-kind llamacpp --model PATH` starts: Redis, collector, planner,
+    a real llama.cpp replica and a dispatcher; the SDK streams a completion through the dispatcher."""
+    from services.stack import Stack, StackConfig
+
+    model = smollm2_gguf()
+    assert model
+    config = StackConfig(engines=1, dispatchers=1, engine_kind="llamacpp", llamacpp_model=model, llamacpp_ctx=1024,
+                         planner_interval=5.0, metrics=False)
+    with Stack(config) as stack:
+        doc = stack.describe()
+        assert len(doc["http"]) == 1 and len(doc["engines_http"]) == 1
+        client = openai.OpenAI(base_url=doc["http"][0] + "/v1", api_key="none", max_retries=0, timeout=120)
+        with client.chat.completions.with_streaming_response.create(
+                model="any", max_tokens=8, temperature=0, stream=True,
+                messages=[{"role": "user", "content": "Say hello."}]) as response:
+            assert response.headers["x-cacheroute-replica"] == "engine-1"
+            text = "".join(c.choices[0].delta.content or "" for c in response.parse() if c.choices)
+        assert text.strip()
+        assert [m.id for m in client.models.list().data]

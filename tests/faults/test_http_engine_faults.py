@@ -25,9 +25,9 @@ import openai
 import pytest
 from aiohttp import web
 
-from services.dispatcher.__main__ import DispatcherConfig, serve
+from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.http import HttpConfig
-from services.dispatcher.router import parse_replicas
+from services.model import parse_replicas
 from services.engine.fleet import EngineFleet
 from services.httpserver import start_http
 from services.rpc import ServerConfig

@@ -26,14 +26,14 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from cacheroute.v1 import (collector_pb2, collector_pb2_grpc, common_pb2, dispatcher_pb2, dispatcher_pb2_grpc,
                            engine_pb2, engine_pb2_grpc, planner_pb2, planner_pb2_grpc)
-from services.collector.__main__ import CollectorConfig, CollectorService
-from services.dispatcher.__main__ import DispatcherConfig, DispatcherService
-from services.dispatcher.router import parse_replicas
+from services.collector.service import CollectorConfig, CollectorService
+from services.dispatcher.service import DispatcherConfig, DispatcherService
 from services.dispatcher.servicer import KeyRules
-from services.engine.__main__ import EngineConfig, EngineService
+from services.engine.service import EngineConfig, EngineService
 from services.localredis import RedisProcess
-from services.planner.__main__ import PlannerConfig, PlannerService
+from services.model import parse_replicas
 from services.planner.control import LoopConfig
+from services.planner.service import PlannerConfig, PlannerService
 from services.rpc import ServerConfig
 from services.store import TelemetryConfig
 

@@ -10,11 +10,11 @@ import grpc
 
 from cacheroute.v1 import common_pb2, planner_pb2 as pb, planner_pb2_grpc
 from clients import AsyncCacheRouteClient
-from services.dispatcher.__main__ import DispatcherConfig, DispatcherService
-from services.dispatcher.router import parse_replicas
+from services.dispatcher.service import DispatcherConfig, DispatcherService
 from services.engine.fleet import EngineFleet
-from services.planner.__main__ import PlannerConfig, PlannerService
+from services.model import parse_replicas
 from services.planner.control import LoopConfig
+from services.planner.service import PlannerConfig, PlannerService
 from services.rpc import ServerConfig
 from services.store import ArrivalRecord, RedisStore, TelemetryConfig
 

@@ -11,7 +11,7 @@ import pytest
 
 from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from clients import AsyncCacheRouteClient, CacheRouteClient, RetryPolicy, route_request
-from services.dispatcher.__main__ import serve
+from services.dispatcher.service import serve
 from services.engine.fleet import EngineFleet
 from services.errors import Unavailable
 from services.rpc import ServerConfig, start_server

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from clients.cli import main
-from services.collector.__main__ import CollectorConfig
-from services.collector.__main__ import serve as serve_collector
-from services.dispatcher.__main__ import serve
+from services.collector.service import CollectorConfig
+from services.collector.service import serve as serve_collector
+from services.dispatcher.service import serve
 from services.engine.fleet import EngineFleet
 from services.rpc import ServerConfig
 from tests.integration.test_client import Background
@@ -62,7 +62,8 @@ def test_status_reports_every_service(stack, capsys):
     collector, dispatcher = stack
     main(["route", "hot", "--dispatcher", dispatcher.address])
     capsys.readouterr()
-    rc = main(["status", "--planner", "", "--collector", collector.address, "--dispatchers", dispatcher.address])
+    rc = main(["status", "--planner", "", "--collector", collector.address, "--dispatchers", dispatcher.address,
+               "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert doc["collector"]["health"] == "serving"
@@ -72,8 +73,30 @@ def test_status_reports_every_service(stack, capsys):
     assert {"in_flight", "waiting", "running", "kv_usage", "hit_rate"} <= set(d["replicas"][0])
 
     rc = main(["status", "--planner", DEAD, "--collector", collector.address,
-               "--dispatchers", f"{dispatcher.address},{DEAD}", "--timeout", "0.5"])
+               "--dispatchers", f"{dispatcher.address},{DEAD}", "--timeout", "0.5", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 1
     assert doc["planner"]["health"] == "unreachable" and doc["dispatchers"][1]["health"] == "unreachable"
     assert doc["dispatchers"][0]["health"] == "serving"
+
+
+def test_status_prints_a_table_for_people(stack, capsys):
+    collector, dispatcher = stack
+    main(["route", "hot", "--dispatchers", dispatcher.address])      # route takes the shared flag
+    capsys.readouterr()
+    rc = main(["status", "--planner", DEAD, "--collector", collector.address, "--dispatchers", dispatcher.address,
+               "--timeout", "0.5"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    lines = out.splitlines()
+    assert lines[0].split() == ["SERVICE", "ADDRESS", "HEALTH", "DETAIL"]
+    planner, coll, disp = lines[1:4]
+    assert planner.split()[:3] == ["planner", DEAD, "unreachable"] and "UNAVAILABLE" in planner
+    assert coll.split() == ["collector", collector.address, "serving"]
+    assert disp.split()[:3] == ["dispatcher", dispatcher.address, "serving"]
+    assert "d1, plan v3 (test), mode planned, routed 1 (planned 1, cold 0, fallback 0)" in disp
+    assert lines[5] == f"replicas seen by d1 ({dispatcher.address})"
+    assert lines[6].split() == ["REPLICA", "ADDRESS", "HEALTHY", "IN-FLIGHT", "WAITING", "RUNNING", "KV", "HIT", "ROUTED"]
+    e0, e1 = (line.split() for line in lines[7:9])
+    assert (e0[0], e0[2], e0[-1]) == ("e0", "yes", "0") and (e1[0], e1[2], e1[-1]) == ("e1", "yes", "1")
+    assert e1[-2].endswith("%") and e1[-3].endswith("%")

@@ -13,8 +13,10 @@ import grpc
 
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2, engine_pb2_grpc
 from services.core.policies.cacheroute import CacheRoutePolicy
-from services.dispatcher.__main__ import DEFAULT_COLD_TAIL, DispatcherConfig, parse_args, serve
+from services.dispatcher.__main__ import parse_args
+from services.dispatcher.service import DispatcherConfig, serve
 from services.engine.fleet import EngineFleet
+from services.model import DEFAULT_COLD_TAIL
 from tests.integration.test_dispatcher import dispatcher_config, wait_until
 
 KEYS = [f"session-{i}" for i in range(16)]

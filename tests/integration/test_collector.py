@@ -10,8 +10,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.v1 import collector_pb2 as pb
 from cacheroute.v1 import collector_pb2_grpc
-from services.collector.__main__ import CollectorConfig, CollectorService, main
+from services.collector.__main__ import main
 from services.collector.ingest import arrival_problem, cache_stat_problem
+from services.collector.service import CollectorConfig, CollectorService
 from services.rpc import ServerConfig
 from services.store import MemoryStore, TelemetryConfig
 

@@ -11,9 +11,10 @@ import pytest
 
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2
 from services.core.plan import Plan
-from services.dispatcher.__main__ import DispatcherConfig, parse_args, serve
-from services.dispatcher.router import parse_replicas
+from services.dispatcher.__main__ import parse_args
+from services.dispatcher.service import DispatcherConfig, serve
 from services.engine.fleet import EngineFleet
+from services.model import parse_replicas
 from services.rpc import ServerConfig
 from services.store import Mode, RedisStore
 

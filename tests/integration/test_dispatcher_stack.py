@@ -9,13 +9,13 @@ import time
 import grpc
 
 from cacheroute.v1 import dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2
-from services.collector.__main__ import CollectorConfig
-from services.collector.__main__ import serve as serve_collector
+from services.collector.service import CollectorConfig
+from services.collector.service import serve as serve_collector
 from services.engine.fleet import EngineFleet
 from services.rpc import ServerConfig
 from services.store import RedisStore
 from tests.integration.test_dispatcher import dispatcher_config, wait_until
-from services.dispatcher.__main__ import serve
+from services.dispatcher.service import serve
 
 
 def test_arrivals_and_cache_stats_reach_a_real_collector(redis_url):
@@ -65,8 +65,8 @@ def test_arrivals_and_cache_stats_reach_a_real_collector(redis_url):
 def test_plans_pushed_by_a_real_planner_and_redis_fallback_when_it_goes(redis_url):
     from cacheroute.v1 import common_pb2
     from clients import AsyncCacheRouteClient
-    from services.planner.__main__ import PlannerConfig
-    from services.planner.__main__ import serve as serve_planner
+    from services.planner.service import PlannerConfig
+    from services.planner.service import serve as serve_planner
     from services.planner.control import LoopConfig
     from services.store import Mode
 

@@ -10,7 +10,8 @@ import pytest
 from cacheroute.v1 import engine_pb2, engine_pb2_grpc
 from services.core.engine import PROFILES
 from services.core.routing import prompt_hashes, tokenize
-from services.engine.__main__ import EngineConfig, parse_args, serve
+from services.engine.__main__ import parse_args
+from services.engine.service import EngineConfig, serve
 from services.engine.servicer import Limits
 from services.rpc import ServerConfig
 

@@ -10,7 +10,7 @@ import asyncio
 import grpc
 
 from cacheroute.v1 import common_pb2, planner_pb2 as pb, planner_pb2_grpc
-from services.planner.__main__ import PlannerService
+from services.planner.service import PlannerService
 from services.store import Mode
 from tests.integration.test_gate_live import T0, Clock, good_traffic, low_reuse_traffic, planner_config, record
 

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from cacheroute.v1 import common_pb2, planner_pb2 as pb, planner_pb2_grpc
-from services.planner.__main__ import PlannerService
+from services.planner.service import PlannerService
 from services.store import Fenced, Mode
 from tests.integration.test_fallback_live import wait_leader
 from tests.integration.test_gate_live import AUTH, T0, Clock, good_traffic, low_reuse_traffic, planner_config, record

@@ -15,9 +15,9 @@ import grpc
 from cacheroute.v1 import planner_pb2 as pb, planner_pb2_grpc
 from services.core.planning import build_plan
 from services.core.workloads import make_workload
-from services.planner.__main__ import PlannerConfig, PlannerService
 from services.planner.control import LoopConfig
 from services.planner.gate import GateConfig, guard
+from services.planner.service import PlannerConfig, PlannerService
 from services.rpc import ServerConfig
 from services.store import ArrivalRecord, Mode, RedisStore, TelemetryConfig
 

@@ -12,10 +12,10 @@ import openai
 import pytest
 
 from services.auth import KeyRing
-from services.dispatcher.__main__ import DispatcherConfig, serve
+from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.http import HttpConfig
 from services.dispatcher.keys import request_key
-from services.dispatcher.router import parse_replicas
+from services.model import parse_replicas
 from services.engine.fleet import EngineFleet
 from services.oai import chat_text
 from services.rpc import ServerConfig
@@ -114,6 +114,38 @@ def test_openai_sdk_sync_and_async_streaming_and_not(redis_url, kind):
                 async with http.get(service.http_url + "/health") as resp:
                     assert resp.status == 200 and (await resp.json())["healthy_replicas"] == 2
             assert service.router.counts[1] >= 6     # planned
+        finally:
+            await service.stop(0)
+            await store.close()
+            await fleet.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["vllm", "cacheroute"])
+def test_a_client_that_disconnects_cancels_the_engine_request(redis_url, kind):
+    async def main():
+        fleet = await EngineFleet(1, time_scale=1.0, http=True).start()     # real time: a long stream
+        service, store = await start(redis_url, fleet, kind)
+        runner = fleet.services[0].runner
+        try:
+            for stream in (True, False):
+                async with aiohttp.ClientSession() as http:
+                    body = {"model": "m", "messages": messages("acme", "long"), "max_tokens": 4000, "stream": stream}
+
+                    async def call():
+                        async with http.post(service.http_url + "/v1/chat/completions", json=body,
+                                             headers={"Authorization": "Bearer sk-acme"}) as resp:
+                            assert resp.status == 200
+                            await resp.content.readany()          # a stream: the first event
+                            await asyncio.sleep(3600)
+
+                    task = asyncio.create_task(call())
+                    await wait_until(lambda: runner.in_flight == 1 and runner.model.running == 1, timeout=5)
+                    task.cancel()                                 # the client goes away
+                    await asyncio.gather(task, return_exceptions=True)
+                await wait_until(lambda: runner.in_flight == 0 and runner.model.running == 0, timeout=3)
+                await wait_until(lambda: service.router.outstanding == [0], timeout=3)
         finally:
             await service.stop(0)
             await store.close()

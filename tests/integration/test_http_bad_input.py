@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from services.auth import KeyRing
-from services.dispatcher.__main__ import DispatcherConfig, DispatcherService
+from services.dispatcher.service import DispatcherConfig, DispatcherService
 from services.dispatcher.http import HttpConfig
-from services.dispatcher.router import parse_replicas
-from services.engine.__main__ import EngineConfig, EngineService
+from services.model import parse_replicas
+from services.engine.service import EngineConfig, EngineService
 from services.rpc import ServerConfig
 
 LIMIT = 64 * 1024
@@ -122,9 +122,9 @@ def test_malformed_json_is_400(stack, body):
     assert error["type"] == "invalid_request_error"
 
 
-NOT_BOOL = st.one_of(st.integers(), st.text(max_size=5), st.lists(st.booleans(), max_size=2), st.floats())
-NOT_INT = st.one_of(st.text(max_size=5), st.floats(), st.booleans(), st.lists(st.integers(), max_size=2))
-NOT_STR = st.one_of(st.integers(), st.floats(), st.booleans(), st.lists(st.text(max_size=3), max_size=2),
+NOT_BOOL = st.one_of(st.integers(), st.text(max_size=5), st.lists(st.booleans(), max_size=2), st.floats(allow_nan=False, allow_infinity=False))
+NOT_INT = st.one_of(st.text(max_size=5), st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.lists(st.integers(), max_size=2))
+NOT_STR = st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.lists(st.text(max_size=3), max_size=2),
                     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 BAD_FIELDS = st.one_of(
     st.tuples(st.just("messages"), st.one_of(NOT_STR.filter(lambda v: not isinstance(v, list)), st.text(max_size=5),
@@ -134,7 +134,7 @@ BAD_FIELDS = st.one_of(
                                             min_size=1, max_size=2)),
     st.tuples(st.just("messages"), st.lists(st.fixed_dictionaries({"role": st.just("user"),
                                                                    "content": st.one_of(st.integers(), st.booleans(),
-                                                                                        st.floats())}),
+                                                                                        st.floats(allow_nan=False, allow_infinity=False))}),
                                             min_size=1, max_size=2)),
     st.tuples(st.just("stream"), NOT_BOOL),
     st.tuples(st.just("model"), NOT_STR),
@@ -157,7 +157,7 @@ def test_wrong_field_types_and_values_are_400(stack, field):
 
 
 @FUZZ
-@given(st.sampled_from(["prompt", None]), st.one_of(st.integers(), st.floats(), st.booleans(), st.just([]),
+@given(st.sampled_from(["prompt", None]), st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.just([]),
                                                     st.dictionaries(st.text(max_size=2), st.integers(), max_size=2)))
 def test_bad_completion_prompts_are_400(stack, name, value):
     body = {"model": "m", "max_tokens": 2} if name is None else {"model": "m", "prompt": value}

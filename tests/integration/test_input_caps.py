@@ -10,10 +10,10 @@ import logging
 import grpc
 
 from cacheroute.v1 import dispatcher_pb2_grpc, engine_pb2, engine_pb2_grpc, planner_pb2 as pb, planner_pb2_grpc
-from services.dispatcher.__main__ import serve
-from services.dispatcher.router import parse_replicas
-from services.engine.__main__ import EngineConfig, EngineService
-from services.planner.__main__ import PlannerService
+from services.dispatcher.service import serve
+from services.engine.service import EngineConfig, EngineService
+from services.model import parse_replicas
+from services.planner.service import PlannerService
 from services.rpc import ServerConfig
 from tests.integration.test_dispatcher import dispatcher_config, hand_plan, wait_until
 from tests.integration.test_planner import AUTH, TOKEN, config as planner_config

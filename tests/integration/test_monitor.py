@@ -10,7 +10,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.v1 import engine_pb2, engine_pb2_grpc
 from services.dispatcher.monitor import ReplicaMonitor
-from services.dispatcher.router import Replica, Router
+from services.dispatcher.router import Router
+from services.model import Replica
 
 
 class SlowHealth(health_pb2_grpc.HealthServicer):

@@ -10,7 +10,7 @@ import pytest
 
 from clients.cli import main
 from tests.integration.test_planner import TOKEN, config
-from services.planner.__main__ import PlannerService
+from services.planner.service import PlannerService
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ import time
 import grpc
 
 from cacheroute.v1 import planner_pb2 as pb, planner_pb2_grpc
-from services.dispatcher.__main__ import serve as serve_dispatcher
+from services.dispatcher.service import serve as serve_dispatcher
 from services.engine.fleet import EngineFleet
-from services.planner.__main__ import PlannerConfig, PlannerService
 from services.planner.control import LoopConfig
+from services.planner.service import PlannerConfig, PlannerService
 from services.rpc import ServerConfig
 from services.store import ArrivalRecord, TelemetryConfig
 from tests.integration.test_dispatcher import dispatcher_config, wait_until

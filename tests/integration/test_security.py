@@ -20,14 +20,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.v1 import collector_pb2, collector_pb2_grpc, common_pb2, engine_pb2, planner_pb2, planner_pb2_grpc
 from clients import AsyncCacheRouteClient
-from services.collector.__main__ import CollectorConfig, CollectorService
-from services.dispatcher.__main__ import DispatcherConfig, DispatcherService
-from services.dispatcher.router import parse_replicas
-from services.engine.__main__ import EngineConfig, EngineService
+from services.collector.service import CollectorConfig, CollectorService
+from services.dispatcher.service import DispatcherConfig, DispatcherService
+from services.engine.service import EngineConfig, EngineService
 from services.errors import Unavailable
 from services.localredis import RedisProcess, find_redis_server, free_port
-from services.planner.__main__ import PROTECTED, PlannerConfig, PlannerService
+from services.model import parse_replicas
 from services.planner.control import LoopConfig
+from services.planner.service import PROTECTED, PlannerConfig, PlannerService
 from services.rpc import ServerConfig, TLSFiles
 from services.store import Mode, RedisStore, TelemetryConfig
 from tests.faults.procs import Procs
@@ -148,7 +148,7 @@ def test_every_control_rpc_needs_the_token_on_the_real_planner(redis_url):
 
 def test_collector_refuses_unauthenticated_telemetry_writes(redis_url):
     """With a token the collector's writes are protected (forged arrivals would skew the planner's
-    rates); a refused stream stores nothing; GetRates stays open."""
+    rates); a refused stream stores nothing; GetRates needs the token too."""
     now = time.time()
 
     def arrivals(batch_id: str):
@@ -178,8 +178,13 @@ def test_collector_refuses_unauthenticated_telemetry_writes(redis_url):
                             out[method, label] = (err.code().name, err.details())
                 out["after"] = redis_state(redis_url)
                 out["before"] = before
-                out["rates_open"] = (await stub.GetRates(collector_pb2.GetRatesRequest(), timeout=5)).total_arrivals
                 good = [("authorization", f"Bearer {TOKEN}")]
+                try:
+                    await stub.GetRates(collector_pb2.GetRatesRequest(), timeout=5)
+                    out["rates_open"] = "OK"
+                except grpc.aio.AioRpcError as err:
+                    out["rates_open"] = err.code().name
+                out["rates"] = (await stub.GetRates(collector_pb2.GetRatesRequest(), metadata=good, timeout=5)).total_arrivals
                 out["with_token"] = (await stub.ReportArrivals(arrivals("good"), metadata=good, timeout=5)).accepted
         finally:
             await collector.stop(0)
@@ -190,7 +195,7 @@ def test_collector_refuses_unauthenticated_telemetry_writes(redis_url):
         assert out[method, "none"] == ("UNAUTHENTICATED", "missing bearer token")
         assert out[method, "wrong"] == out[method, "basic"] == ("PERMISSION_DENIED", "invalid bearer token")
     assert out["after"] == out["before"]                          # nothing reached Redis
-    assert out["rates_open"] == 0 and out["with_token"] == 1
+    assert out["rates_open"] == "UNAUTHENTICATED" and out["rates"] == 0 and out["with_token"] == 1
 
 
 def test_dispatcher_and_engine_with_the_token_get_their_telemetry_counted(redis_url, caplog):
@@ -214,7 +219,7 @@ def test_dispatcher_and_engine_with_the_token_get_their_telemetry_counted(redis_
         store = RedisStore(redis_url, telemetry=TELEMETRY)
         out = {}
         try:
-            async with AsyncCacheRouteClient(dispatchers["token"].address) as client:
+            async with AsyncCacheRouteClient(dispatchers["token"].address, token=TOKEN) as client:   # data plane too
                 for key in ("a", "b", "c"):
                     await client.route(key)
                 out["chunks"] = [c async for c in client.generate("counted", max_tokens=2, timeout=10)]

@@ -90,11 +90,11 @@ flush = st.just(("f",))
 def test_cached_window_reads_follow_every_write(redis_url, ops, compact, monkeypatch):
     """A long-lived RedisStore (bucket cache on) reads what a MemoryStore reads after any mix
     of writes (late ones into already-read buckets included), reads and data loss."""
-    from services import store as store_mod
+    from services.store.window_cache import BucketCache
 
     if compact:   # compact the key index on every read
-        monkeypatch.setattr(store_mod._BucketCache, "GROWTH", 0)
-        monkeypatch.setattr(store_mod._BucketCache, "SLACK", 0)
+        monkeypatch.setattr(BucketCache, "GROWTH", 0)
+        monkeypatch.setattr(BucketCache, "SLACK", 0)
     prefix = f"c{next(_prefixes)}"
 
     async def scenario():

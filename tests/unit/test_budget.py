@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from services.dispatcher.budget import BudgetConfig, CallerBudget
-from services.dispatcher.router import Replica, Router
+from services.dispatcher.router import Router
+from services.model import Replica
 
 
 def test_burst_then_rate_per_caller():
@@ -38,11 +39,15 @@ def test_caller_table_is_bounded_and_a_drained_bucket_outlives_idle_ones():
 def test_route_many_reports_only_the_granted_arrivals():
     r = Router([Replica("e0", "x"), Replica("e1", "y")], seed=1)
     r.state.healthy[:] = [True, True]
-    picks = r.route_many([(f"k{i}", 0, 0) for i in range(10)], 5.0, report=3)
+    picks = r.route_many([(f"k{i}", 0, 0) for i in range(10)], 5.0, report=(3, 10))
     assert len(picks) == 10 and r.routed == 10
-    assert [k for k, *_ in r.drain_telemetry()] == ["k0", "k1", "k2"] and r.telemetry_capped == 7
+    assert len(r.drain_telemetry()) == 3 and r.telemetry_capped == 7
+    # a random sample through the batch, not its head, whatever the batch's period
+    r.route_many([(f"k{i % 300}", 0, 0) for i in range(9000)], 5.0, report=(600, 9000))
+    sample = [k for k, *_ in r.drain_telemetry()]
+    assert len(sample) == 600 and len(set(sample)) > 200 and max(map(sample.count, set(sample))) < 12
     r.route("x", 6.0, report=False)
-    assert r.drain_telemetry() == [] and r.routed == 11
+    assert r.drain_telemetry() == [] and r.routed == 9011
 
 
 def test_route_avoids_a_replica_unless_it_is_the_only_healthy_one():

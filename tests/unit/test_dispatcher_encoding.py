@@ -6,8 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cacheroute.v1 import common_pb2, dispatcher_pb2
-from services.dispatcher.router import Replica, Router
+from services.dispatcher.router import Router
 from services.dispatcher.servicer import DecisionEncoder, _varint
+from services.model import Replica
 
 IDS = ("r0", "replica-with-a-longer-id", "é" * 70)
 ADDRESSES = ("127.0.0.1:1", "host.example:65535", "[::1]:50061" * 13)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from experiments.harness.repair import RepairSimulator, cluster_plan, incremental_plan_fn, timeline, window_summary
 from services.core.engine import PROFILES
 from services.core.planning import build_plan
 from services.core.policies import make_policy
 from services.core.workloads import make_workload
-from services.sim.repair import RepairSimulator, cluster_plan, incremental_plan_fn, timeline, window_summary
 from services.sim.simulator import Failure, SimConfig
 
 P8 = PROFILES["llama3-8b-h100"]

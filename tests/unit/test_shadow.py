@@ -12,9 +12,9 @@ from services.core.plan import Plan, ShadowReport
 from services.core.planning import build_plan
 from services.core.request import BLOCK_TOKENS
 from services.core.shadow import (ArrivalRecord, FallbackConfig, Observed, Replay, ShadowConfig, fallback_check,
-                                  latest, records_to_requests, requests_to_records, scaled, shadow_replay,
-                                  validated_range, verdict)
+                                  latest, records_to_requests, requests_to_records, scaled, validated_range, verdict)
 from services.core.workloads import make_workload
+from services.sim.replay import shadow_replay
 
 P8 = PROFILES["llama3-8b-h100"]
 

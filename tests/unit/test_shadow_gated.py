@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from experiments.harness.gated import GatedSimulator
 from services.core.engine import PROFILES
 from services.core.planning import build_plan
 from services.core.policies import make_policy
 from services.core.policies.cacheroute import BALANCE_FACTOR
 from services.core.shadow import ShadowConfig
 from services.core.workloads import make_workload
-from services.sim.gated import GatedSimulator
 from services.sim.simulator import SimConfig, Simulator, default_plan_fn
 
 P8 = PROFILES["llama3-8b-h100"]

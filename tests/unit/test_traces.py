@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 
 from services.core.request import BLOCK_TOKENS
-from services.core.traces import ideal_hit_rate, load_azure, load_mooncake
+from services.core.traces import ideal_hit_rate
+from services.sim.tracefiles import load_azure, load_mooncake
 
-# the shared data folder sits beside the repository checkout (as in CI); the workspace copy otherwise
-_BESIDE = Path(__file__).resolve().parents[3] / "shared" / "data"
-DATA = os.environ.get("CACHEROUTE_DATA") or str(_BESIDE if _BESIDE.is_dir() else Path("/work/shared/data"))
+# the shared data folder: $CACHEROUTE_DATA, else `shared/data` beside the repository checkout (as in CI)
+DATA = os.environ.get("CACHEROUTE_DATA") or str(Path(__file__).resolve().parents[3] / "shared" / "data")
 CONVERSATION = f"{DATA}/mooncake/conversation_trace.first_half.jsonl"
 SYNTHETIC = f"{DATA}/mooncake/synthetic_trace.jsonl"
 AZURE = f"{DATA}/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"

@@ -49,9 +49,8 @@ from services.core.policies._common import Ring, least_loaded, p2c
 from services.core.policies.chwbl import ChwblPolicy
 from services.core.policy import ClusterState, Pick, Reason
 from services.core.request import Request
+from services.model import COLD_TAILS, DEFAULT_COLD_TAIL
 
-COLD_TAILS = ("p2c", "chwbl")
-DEFAULT_COLD_TAIL = "chwbl"
 BALANCE_FACTOR = 1.25
 SPILL_FLOOR = 8
 

@@ -29,11 +29,12 @@ from typing import Sequence
 import numpy as np
 
 from services.core.plan import Plan
-from services.core.policies.cacheroute import BALANCE_FACTOR, DEFAULT_COLD_TAIL
+from services.core.policies.cacheroute import BALANCE_FACTOR
 from services.core.policy import Policy
 from services.core.request import Request
-from services.core.shadow import (FallbackConfig, Observed, ShadowConfig, fallback_check, requests_to_records,
-                                  shadow_replay)
+from services.core.shadow import FallbackConfig, Observed, ShadowConfig, fallback_check, requests_to_records
+from services.model import DEFAULT_COLD_TAIL
+from services.sim.replay import shadow_replay
 from services.sim.simulator import SimConfig, SimResult, Simulator, default_plan_fn
 
 

@@ -1,0 +1,160 @@
+"""The dispatcher's wiring: `DispatcherConfig` and `DispatcherService` (router, replica monitor,
+plan feed, telemetry reporter and the gRPC server). `services/dispatcher/__main__.py` parses
+flags into a config and runs it; tests and local stacks start the service directly."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from cacheroute.v1 import dispatcher_pb2_grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from services.auth import KeyRing
+from services.dispatcher.budget import BudgetConfig, CallerBudget
+from services.dispatcher.http import HttpApi, HttpConfig
+from services.dispatcher.monitor import ReplicaMonitor
+from services.dispatcher.plans import PlanFeed
+from services.dispatcher.router import Router
+from services.dispatcher.servicer import DispatcherServicer, KeyRules
+from services.dispatcher.telemetry import ArrivalReporter
+from services.model import DEFAULT_COLD_TAIL, Replica
+from services.rpc import RpcMetrics, RunningServer, ServerConfig, kv, start_server
+from services.store import RedisStore
+
+log = logging.getLogger("cacheroute.dispatcher")
+SERVICE = "cacheroute.v1.Dispatcher"
+DATA_PLANE = frozenset({"Route", "RouteBatch", "Generate"})   # need an accepted key when any is configured
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    server: ServerConfig
+    replicas: tuple[Replica, ...]
+    dispatcher_id: str = "dispatcher-0"
+    planner: str = ""
+    redis_url: str = ""
+    collector: str = ""
+    rules: KeyRules = KeyRules()
+    cold: str = DEFAULT_COLD_TAIL
+    poll_interval: float = 0.25
+    poll_timeout: float = 0.2
+    telemetry_interval: float = 0.5
+    telemetry_capacity: int = 100_000
+    plan_backoff_max: float = 5.0
+    seed: int | None = None
+    budget: BudgetConfig = BudgetConfig()
+    engine_kind: str = "cacheroute"       # kind of replicas given without KIND+ (services.backends)
+    http: HttpConfig = HttpConfig()       # the OpenAI HTTP API (port -1: off)
+    keyring: KeyRing = KeyRing()          # data-plane API keys (services/auth.py); the token is added
+
+
+class RouterMetrics:
+    """Prometheus view of the router, read at scrape time (nothing on the request path)."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def collect(self):
+        r = self.router
+        routed = CounterMetricFamily("cacheroute_dispatcher_routed", "requests routed, by reason", labels=["reason"])
+        for name, value in (("planned", r.counts[1]), ("cold", r.counts[2]), ("fallback", r.counts[3])):
+            routed.add_metric([name], value)
+        yield routed
+        yield GaugeMetricFamily("cacheroute_dispatcher_plan_version", "active plan version (0: none)", r.plan_version)
+        yield GaugeMetricFamily("cacheroute_dispatcher_flat_mode", "1 in flat-fallback mode", int(r.flat))
+        yield CounterMetricFamily("cacheroute_dispatcher_telemetry_dropped", "arrivals not delivered to the collector",
+                                  r.telemetry_dropped)
+        yield CounterMetricFamily("cacheroute_dispatcher_telemetry_capped",
+                                  "Route/RouteBatch arrivals left out of telemetry: caller over its budget",
+                                  r.telemetry_capped)
+        healthy = GaugeMetricFamily("cacheroute_dispatcher_replica_healthy", "1 if the replica is healthy", labels=["replica"])
+        load = GaugeMetricFamily("cacheroute_dispatcher_replica_load", "load signal (engine queue + recent routes)",
+                                 labels=["replica"])
+        for i, rid in enumerate(r.ids):
+            healthy.add_metric([rid], int(r.state.healthy[i]))
+            load.add_metric([rid], r.state.in_flight[i])
+        yield healthy
+        yield load
+
+
+def data_plane_keys(config: DispatcherConfig) -> KeyRing:
+    """The configured keys plus the deployment token (empty tenant): a deployment with a token
+    never has an open data plane, however its config was built."""
+    keys = dict(config.keyring.keys)
+    if config.server.auth_token:
+        keys[config.server.auth_token] = ""
+    return KeyRing(keys)
+
+
+class DispatcherService:
+    """One dispatcher in this event loop: `await start()`, then `await stop()`."""
+
+    def __init__(self, config: DispatcherConfig) -> None:
+        self.config = config
+        self.router = Router(config.replicas, seed=config.seed, cold=config.cold,
+                             telemetry_capacity=config.telemetry_capacity)
+        tls = config.server.tls
+        self.monitor = ReplicaMonitor(self.router, interval=config.poll_interval, timeout=config.poll_timeout, tls=tls,
+                                      default_kind=config.engine_kind)
+        self.store = None
+        if config.redis_url:
+            self.store = RedisStore(config.redis_url)
+        self.feed = PlanFeed(self.router, planner=config.planner, store=self.store, tls=tls,
+                             backoff_max=config.plan_backoff_max, seed=config.seed)
+        self.reporter = (ArrivalReporter(self.router, config.collector, config.dispatcher_id,
+                                         interval=config.telemetry_interval, tls=tls,
+                                         token=config.server.auth_token)
+                         if config.collector else None)
+        self.running: RunningServer | None = None
+        self.http: HttpApi | None = None
+
+    @property
+    def address(self) -> str:
+        assert self.running is not None
+        return self.running.address
+
+    @property
+    def http_url(self) -> str | None:
+        return self.http.url if self.http is not None else None
+
+    async def start(self) -> "DispatcherService":
+        await self.monitor.start()
+        await self.feed.start()
+        metrics = RpcMetrics("dispatcher")
+        metrics.registry.register(RouterMetrics(self.router))
+        ring = data_plane_keys(self.config)
+        servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
+                                      budget=CallerBudget(self.config.budget), keyring=ring)
+        self.running = await start_server(self.config.server,
+                                          [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
+                                          [SERVICE], keyring=ring, keyring_methods=DATA_PLANE, metrics=metrics)
+        if self.config.http.port >= 0:
+            self.http = await HttpApi(self.router, self.monitor, self.config.http, ring,
+                                      collector=self.config.collector, source=self.config.dispatcher_id,
+                                      tls=self.config.server.tls, token=self.config.server.auth_token,
+                                      registry=metrics.registry).start()
+        if self.reporter is not None:
+            self.reporter.start()
+        log.info("dispatcher ready", extra=kv(id=self.config.dispatcher_id, replicas=len(self.router.ids),
+                                              healthy=sum(self.router.state.healthy), http=self.http_url,
+                                              plan_version=self.router.plan_version, source=self.router.plan_source))
+        return self
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self.http is not None:
+            self.http.front.serving = False
+        if self.running is not None:
+            await self.running.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
+        await self.feed.stop()
+        if self.reporter is not None:
+            await self.reporter.stop()
+        await self.monitor.stop()
+        if self.store is not None:
+            await self.store.close()
+
+
+async def serve(config: DispatcherConfig) -> DispatcherService:
+    return await DispatcherService(config).start()

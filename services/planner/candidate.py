@@ -1,0 +1,119 @@
+"""The plan-candidate use case, one order in one place, shared by the control loop's
+`run_once` and the `BuildPlan` RPC:
+
+  build -> [check] -> version -> decide -> [review] -> store -> activate
+
+1. build: churn-aware from the active plan (`replan_incremental`) when asked, else LPT from
+   scratch with the active plan as parent. Building comes first, so input the core refuses
+   (a ValueError: INVALID_ARGUMENT) does not use up a version number;
+2. check (optional): refusals the caller can tell from the control state read before the
+   build (BuildPlan: the CAS and pin its activation would meet), also before a version is used;
+3. version: the store's next version number;
+4. decide: the switching rule (`services.core.switching.decide_switch`) on the inputs' rates,
+   recorded on the version;
+5. review (optional): what must happen between deciding and storing; it may add a report to
+   the plan and returns a verdict for the activation step (the loop: the shadow gate and its
+   fallback rule; BuildPlan: the replay when asked, and the encoded answer, so that an answer
+   that cannot be sent stores nothing);
+6. store: the version is written once;
+7. activate: the caller's activation step (the loop: by the decision, fenced, automatic, or
+   the gate's mode change; BuildPlan: as the request asks), which returns the outcome.
+
+The callers differ in where the inputs come from and in these steps, passed in as functions;
+the order does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Generic, Mapping, Sequence, TypeVar
+
+from services.core.plan import Plan, SwitchDecision
+from services.core.planning import build_plan, with_churn
+from services.core.replan import replan_incremental
+from services.core.switching import SwitchConfig, decide_switch
+from services.model import ControlState, RatesSnapshot
+from services.store import Store
+
+T = TypeVar("T")
+
+# check(state read before the build): raise to refuse before a version number is used
+CheckStep = Callable[[ControlState], None]
+# review(plan, state, active) -> (the plan with any report added, a verdict for the activation step)
+ReviewStep = Callable[[Plan, ControlState, "Plan | None"], Awaitable[tuple[Plan, Any]]]
+# activate(stored plan, state read before the build, the review's verdict or None) -> outcome
+ActivateStep = Callable[[Plan, ControlState, Any], Awaitable[T]]
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    keys: Sequence[str]
+    rates: Sequence[float]
+    prefix_tokens: Mapping[str, float] | float
+    replica_ids: tuple[str, ...]
+    q_cap: float
+    warm_slots: int
+    snapshot_id: str = ""
+    window_seconds: float = 0.0
+
+    @classmethod
+    def from_snapshot(cls, snap: RatesSnapshot, replica_ids: Sequence[str], q_cap: float, warm_slots: int) -> "BuildInputs":
+        return cls(snap.keys, snap.rates, snap.prefix_map(), tuple(replica_ids), q_cap, warm_slots,
+                   snap.snapshot_id, snap.window_seconds)
+
+
+def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, created_at: float,
+                    incremental: bool, max_moves: int | None = None) -> Plan:
+    """A candidate: churn-aware from `active` when asked and possible (at most `max_moves`
+    rebalancing moves; None: unbounded), else LPT from scratch."""
+    if incremental and active is not None:
+        plan = replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
+                                  inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves)
+        plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
+        return with_churn(plan, active) if plan.churn is None else plan
+    return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
+                      version=version, parent=active, created_at=created_at,
+                      rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
+
+
+def decide(active: Plan | None, candidate: Plan, inputs: BuildInputs, *, now: float, last_switch_at: float,
+           config: SwitchConfig | None) -> SwitchDecision:
+    """The switching rule (services.core.switching) on the current rates."""
+    rates = dict(zip(inputs.keys, inputs.rates))
+    return decide_switch(active, candidate, rates, inputs.prefix_tokens, now=now,
+                         last_switch_at=last_switch_at, config=config or SwitchConfig())
+
+
+@dataclass(frozen=True)
+class Proposal(Generic[T]):
+    plan: Plan                 # as stored: version, decision and any gate report on it
+    outcome: T                 # what the activation step returned
+    build_seconds: float       # building and deciding (the planner's build-time metric)
+
+
+async def propose(store: Store, inputs: BuildInputs, *, now: float, incremental: bool,
+                  max_moves: int | None, switching: SwitchConfig | None, activate: ActivateStep[T],
+                  check: CheckStep | None = None, review: ReviewStep | None = None) -> Proposal[T]:
+    """Build, [check], version, decide, [review], store and activate one candidate (module header)."""
+    state, active = await store.get_active_plan()
+    last = await store.history(1)
+    started = time.perf_counter()
+    plan = await asyncio.to_thread(build_candidate, inputs, active, version=0, created_at=now,
+                                   incremental=incremental, max_moves=max_moves)
+    built = time.perf_counter() - started
+    if check is not None:
+        check(state)
+    plan = dataclasses.replace(plan, version=await store.next_version())
+    started = time.perf_counter()
+    decision = await asyncio.to_thread(decide, active, plan, inputs, now=now,
+                                       last_switch_at=last[0].at if last else 0.0, config=switching)
+    built += time.perf_counter() - started
+    plan = dataclasses.replace(plan, decision=decision)
+    verdict = None
+    if review is not None:
+        plan, verdict = await review(plan, state, active)
+    await store.put_plan(plan)
+    return Proposal(plan, await activate(plan, state, verdict), built)

@@ -1,0 +1,89 @@
+"""Configuration every service shares: CACHEROUTE_* environment variables, the server flags
+and `ServerConfig`.
+
+Environment variables (flags override them; documented defaults in parentheses):
+  CACHEROUTE_HOST (127.0.0.1)            address to bind
+  CACHEROUTE_METRICS_HOST (127.0.0.1)    Prometheus HTTP bind address
+  CACHEROUTE_AUTH_TOKEN / _FILE          bearer token required on control, telemetry and data-plane RPCs,
+                                         and sent by the services that call them (none)
+  CACHEROUTE_TLS_CERT, _TLS_KEY          server certificate and key (PEM files; plaintext if unset)
+  CACHEROUTE_TLS_CLIENT_CA               require client certificates signed by this CA (mTLS)
+  CACHEROUTE_TLS_CA                      CA that clients use to verify servers
+  CACHEROUTE_MAX_MESSAGE_BYTES (8388608) gRPC send/receive limit
+  CACHEROUTE_GRACE_SECONDS (5)           shutdown grace period
+  CACHEROUTE_LOG_LEVEL (INFO)
+Per-service ports come from each service's own flags/env (see its __main__).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+from services.rpc.tls import TLSFiles
+
+
+def env(name: str, default: str = "") -> str:
+    return os.environ.get(f"CACHEROUTE_{name}", default)
+
+
+def env_number(name: str, default: str, kind: type[int] | type[float]) -> int | float:
+    """A numeric flag default from CACHEROUTE_<name>; a bad value is a one-line ValueError naming the variable."""
+    raw = env(name, default)
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"CACHEROUTE_{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def read_secret(value: str | None, path: str | None) -> str | None:
+    """A secret from its value or from a file (first line). Never logged."""
+    if path:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline().strip() or None
+    return value or None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str
+    host: str = "127.0.0.1"
+    port: int = 0                       # 0: ephemeral
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = -1              # -1: no metrics endpoint, 0: ephemeral
+    auth_token: str | None = field(default=None, repr=False)
+    tls: TLSFiles = TLSFiles()
+    max_message_bytes: int = 8 * 1024 * 1024
+    grace_seconds: float = 5.0
+    log_level: str = "INFO"
+
+
+def add_server_flags(parser: argparse.ArgumentParser, *, default_port: int, default_metrics_port: int) -> None:
+    """Flags every service shares. Defaults come from CACHEROUTE_* env vars, then the given values."""
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default=env("HOST", "127.0.0.1"), help="bind address (env CACHEROUTE_HOST)")
+    g.add_argument("--port", type=int, default=env_number("PORT", str(default_port), int),
+                   help=f"gRPC port, 0 = ephemeral (env CACHEROUTE_PORT, default {default_port})")
+    g.add_argument("--metrics-host", default=env("METRICS_HOST", "127.0.0.1"))
+    g.add_argument("--metrics-port", type=int, default=env_number("METRICS_PORT", str(default_metrics_port), int),
+                   help=f"Prometheus port, -1 = off, 0 = ephemeral (env CACHEROUTE_METRICS_PORT, default {default_metrics_port})")
+    g.add_argument("--auth-token-file", default=env("AUTH_TOKEN_FILE") or None,
+                   help="file holding the bearer token (or env CACHEROUTE_AUTH_TOKEN): required on protected RPCs, "
+                        "sent on this service's telemetry calls")
+    g.add_argument("--tls-cert", default=env("TLS_CERT") or None)
+    g.add_argument("--tls-key", default=env("TLS_KEY") or None)
+    g.add_argument("--tls-client-ca", default=env("TLS_CLIENT_CA") or None, help="require client certs (mTLS)")
+    g.add_argument("--tls-ca", default=env("TLS_CA") or None, help="CA for verifying the services this one calls")
+    g.add_argument("--max-message-bytes", type=int, default=env_number("MAX_MESSAGE_BYTES", str(8 * 1024 * 1024), int))
+    g.add_argument("--grace-seconds", type=float, default=env_number("GRACE_SECONDS", "5", float))
+    g.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+
+
+def server_config(name: str, args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        name=name, host=args.host, port=args.port, metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+        auth_token=read_secret(env("AUTH_TOKEN") or None, args.auth_token_file),
+        tls=TLSFiles(args.tls_cert, args.tls_key, args.tls_client_ca, args.tls_ca),
+        max_message_bytes=args.max_message_bytes, grace_seconds=args.grace_seconds, log_level=args.log_level,
+    )

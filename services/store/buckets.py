@@ -1,0 +1,125 @@
+"""Pure bucketing helpers shared by both stores: how a batch splits into time buckets, what
+one bucket's write adds, which buckets a window covers and how their sums become rates."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import operator
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from services.errors import InvalidArgument
+from services.model import ArrivalRecord, CacheCounters, RatesSnapshot
+from services.store.config import TelemetryConfig
+
+
+@dataclass(slots=True)
+class BucketPart:
+    """A batch's arrivals that fall into one bucket."""
+
+    rows: list[ArrivalRecord]             # in time order
+    gaps: list[float]                     # between consecutive arrivals of the batch
+
+
+_TIME = operator.itemgetter(1)
+
+
+def split_by_bucket(arrivals: Sequence[ArrivalRecord], cfg: TelemetryConfig) -> dict[int, BucketPart]:
+    """Group a batch by bucket (rows in time order; each gap goes to the later arrival's bucket)."""
+    rows = sorted(arrivals, key=_TIME)
+    if not rows:
+        return {}
+    times = [r[1] for r in rows]
+    first, last = cfg.bucket(times[0]), cfg.bucket(times[-1])
+    if first == last:
+        spans = [(first, 0, len(rows))]
+    else:   # sorted, so each bucket is one contiguous run
+        spans, start = [], 0
+        idxs = [cfg.bucket(t) for t in times]
+        for j in range(1, len(rows) + 1):
+            if j == len(rows) or idxs[j] != idxs[start]:
+                spans.append((idxs[start], start, j))
+                start = j
+    parts: dict[int, BucketPart] = {}
+    for idx, lo, hi in spans:
+        g = max(lo, 1)
+        parts[idx] = BucketPart(rows[lo:hi], [b - a for a, b in zip(times[g - 1:hi - 1], times[g:hi])])
+    return parts
+
+
+def key_totals(parts: Iterable[BucketPart]) -> dict[str, list[int]]:
+    """key -> [arrivals, summed prompt tokens, summed prefix tokens] over the parts' rows."""
+    totals: dict[str, list[int]] = {}
+    get = totals.get
+    for part in parts:
+        for key, _, pt, xt in part.rows:
+            acc = get(key)
+            if acc is None:
+                totals[key] = [1, pt, xt]
+            else:
+                acc[0] += 1
+                acc[1] += pt
+                acc[2] += xt
+    return totals
+
+
+def newest(chunks: Iterable[list], cap: int) -> list:
+    """The last `cap` items of the chunks concatenated in order."""
+    if cap <= 0:
+        return []
+    out: list = []
+    for chunk in reversed(list(chunks)):
+        out[:0] = chunk[-(cap - len(out)):]
+        if len(out) >= cap:
+            break
+    return out
+
+
+def first_of_each_batch_id(parts: list[tuple[int, str, BucketPart]]) -> list[tuple[int, str, BucketPart]]:
+    """Drop a repeated batch id's later parts (a duplicate of the first, whatever happens to it)."""
+    ids: set[str] = set()
+    out = []
+    for p in parts:
+        if p[1]:
+            if p[1] in ids:
+                continue
+            ids.add(p[1])
+        out.append(p)
+    return out
+
+
+def window_buckets(now: float, window_seconds: float, cfg: TelemetryConfig) -> tuple[int, int, float]:
+    """Buckets covering the window (the current, partial one included) and its span start."""
+    if not (window_seconds > 0 and math.isfinite(window_seconds)):
+        raise InvalidArgument("window_seconds must be a positive number")
+    if window_seconds > cfg.retention_seconds:
+        raise InvalidArgument(f"window {window_seconds:g}s exceeds the telemetry retention {cfg.retention_seconds:g}s")
+    first, last = cfg.bucket(now - window_seconds), cfg.bucket(now)
+    return first, last, first * cfg.bucket_seconds
+
+
+def snapshot(first: int, last: int, start: float, now: float, totals: dict[str, list[int]]) -> RatesSnapshot:
+    """Window sums -> rates over the span from the first bucket's start to `now`; the id names
+    the bucket range and a digest of the counts, so identical data gives the same id."""
+    span = max(now - start, 1e-9)
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    ranked = [(k, v) for k, v in ranked if v[0] > 0]
+    digest = hashlib.blake2b(digest_size=6)
+    for k, (n, _, _) in ranked:
+        digest.update(k.encode())
+        digest.update(b"\0%d\0" % n)
+    return RatesSnapshot(
+        snapshot_id=f"b{first}-{last}-{digest.hexdigest()}",
+        start=start, end=now, window_seconds=span,
+        total_arrivals=sum(v[0] for _, v in ranked),
+        keys=tuple(k for k, _ in ranked),
+        rates=tuple(v[0] / span for _, v in ranked),
+        mean_prompt_tokens=tuple(v[1] / v[0] for _, v in ranked),
+        mean_prefix_tokens=tuple(v[2] / v[0] for _, v in ranked),
+    )
+
+
+def counters(rows: dict[str, list[int]]) -> dict[str, CacheCounters]:
+    """replica -> [prompt, cached, requests] -> CacheCounters, replicas in id order."""
+    return {r: CacheCounters(*v) for r, v in sorted(rows.items())}

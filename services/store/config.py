@@ -1,0 +1,66 @@
+"""Store configuration: the telemetry bucketing, the store flags the planner and the collector
+share (they must agree on the bucketing), and `open_store`, which picks the implementation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.store.contract import Store
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryConfig:
+    bucket_seconds: float = 10.0          # width of one telemetry bucket
+    retention_seconds: float = 3600.0     # how long buckets and batch markers live
+    gaps_per_bucket: int = 2000           # inter-arrival samples kept per bucket
+    log_per_bucket: int = 20000           # arrival-log records kept per bucket
+
+    def __post_init__(self) -> None:
+        if not (self.bucket_seconds > 0 and math.isfinite(self.bucket_seconds)):
+            raise ValueError("bucket_seconds must be a positive number")
+        if not self.retention_seconds >= self.bucket_seconds:
+            raise ValueError("retention_seconds must be at least one bucket")
+        if self.gaps_per_bucket < 0 or self.log_per_bucket < 0:
+            raise ValueError("sample sizes must be >= 0")
+
+    def bucket(self, t: float) -> int:
+        return math.floor(t / self.bucket_seconds)
+
+    @property
+    def ttl(self) -> int:
+        return math.ceil(self.retention_seconds + self.bucket_seconds)
+
+
+def open_store(url: str, *, telemetry: TelemetryConfig | None = None, prefix: str = "cr") -> "Store":
+    """`memory://` for the in-process twin, otherwise a Redis URL."""
+    if url.startswith("memory://"):
+        from services.store.memory import MemoryStore
+
+        return MemoryStore(telemetry)
+    from services.store.redis import RedisStore
+
+    return RedisStore(url, prefix=prefix, telemetry=telemetry)
+
+
+def add_store_flags(parser) -> None:
+    """Flags for reaching the store, shared by the planner and the collector (which must agree
+    on the telemetry bucketing). Defaults from env vars."""
+    from services.rpc import env, env_number
+
+    g = parser.add_argument_group("store")
+    g.add_argument("--redis", default=env("REDIS_URL", "redis://127.0.0.1:6379/0"),
+                   help="Redis URL, or memory:// for an in-process store "
+                        "(env CACHEROUTE_REDIS_URL, default redis://127.0.0.1:6379/0)")
+    g.add_argument("--key-prefix", default=env("KEY_PREFIX", "cr"),
+                   help="prefix of every Redis key (env CACHEROUTE_KEY_PREFIX, default cr)")
+    g.add_argument("--bucket-seconds", type=float, default=env_number("BUCKET_SECONDS", "10", float),
+                   help="telemetry bucket width (env CACHEROUTE_BUCKET_SECONDS, default 10)")
+    g.add_argument("--retention-seconds", type=float, default=env_number("RETENTION_SECONDS", "3600", float),
+                   help="telemetry retention (env CACHEROUTE_RETENTION_SECONDS, default 3600)")
+
+
+def telemetry_from_args(args) -> TelemetryConfig:
+    return TelemetryConfig(bucket_seconds=args.bucket_seconds, retention_seconds=args.retention_seconds)

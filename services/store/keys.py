@@ -1,0 +1,133 @@
+"""The key schema and the codecs of what the keys hold: the only code that knows Redis key
+names and hash-field layouts.
+
+The key schema (every key, its type and content; prefix `--key-prefix`, default "cr"; `{...}`
+is the Redis Cluster hash tag, so every script or transaction touches one slot) is written
+once, in docs/architecture.md, section "Store and key schema"; `Keys` builds the names.
+
+Cache-counter fields: one per replica and counter, "REPLICA|p" (prompt tokens), "REPLICA|c"
+(cached tokens), "REPLICA|r" (requests); so a replica id must not contain the separator
+(`replica_id_problem` says so; the collector asks it before anything is stored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections import defaultdict
+from typing import Sequence
+
+import orjson
+
+from services.core.plan import Plan
+from services.model import ArrivalRecord, CacheStatRecord, HistoryEntry, MAX_KEY_BYTES, Mode, PlanEvent
+
+
+class Keys:
+    """Key names under one prefix."""
+
+    __slots__ = ("prefix",)
+
+    def __init__(self, prefix: str = "cr") -> None:
+        self.prefix = prefix
+
+    def tb(self, idx: int, name: str) -> str:
+        """A key of telemetry bucket `idx`: n, pt, xt, gaps, log, v or seen:BATCH."""
+        return f"{self.prefix}:{{tb:{idx}}}:{name}"
+
+    def cache(self, name: str) -> str:
+        """A cache-counter key: b:IDX, total or seen:BATCH."""
+        return f"{self.prefix}:{{cache}}:{name}"
+
+    def plans(self, name: str) -> str:
+        """A plan-state key: seq, plan:V, summary:V, index, active, history, mode, pinned,
+        lease, fence or events."""
+        return f"{self.prefix}:{{plans}}:{name}"
+
+
+# ---------------------------------------------------------------------------------------------
+# cache-counter fields: "replica|p", "replica|c", "replica|r"
+
+FIELD_SEPARATOR = "|"
+_SLOTS = {"p": 0, "c": 1, "r": 2}     # prompt tokens, cached tokens, requests
+
+
+def replica_id_problem(replica_id: str) -> str | None:
+    """Why `replica_id` cannot name cache-counter fields, or None if it can."""
+    if not replica_id:
+        return "empty replica_id"
+    if len(replica_id.encode("utf-8", "replace")) > MAX_KEY_BYTES or FIELD_SEPARATOR in replica_id:
+        return f"replica_id too long or contains {FIELD_SEPARATOR!r}"
+    return None
+
+
+def stat_fields(stats: Sequence[CacheStatRecord]) -> dict[str, int]:
+    """Cache-stat records -> field deltas, summed per field."""
+    out: dict[str, int] = defaultdict(int)
+    for s in stats:
+        out[f"{s.replica_id}|p"] += s.prompt_tokens
+        out[f"{s.replica_id}|c"] += s.cached_tokens
+        out[f"{s.replica_id}|r"] += s.requests
+    return out
+
+
+def merge_counters(into: dict[str, list[int]], fields: dict[str, int]) -> None:
+    """Fold "replica|p|c|r" style hash fields into replica -> [prompt, cached, requests]."""
+    for name, value in fields.items():
+        replica, _, kind = name.rpartition(FIELD_SEPARATOR)
+        into.setdefault(replica, [0, 0, 0])[_SLOTS[kind]] += int(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# values: plans (services.codec owns the format), the arrival log, history and events
+
+
+def encode_plan(plan: Plan) -> bytes:
+    from services import codec
+
+    return codec.plan_to_json(plan)
+
+
+def decode_plan(data: bytes) -> Plan:
+    from services import codec
+
+    return codec.plan_from_json(data)
+
+
+def summary_of(plan: Plan) -> Plan:
+    """The plan without its table and rates: what listings carry."""
+    return dataclasses.replace(plan, table={}, rates={})
+
+
+_key = operator.itemgetter(0)
+
+
+def log_blob(rows: Sequence[ArrivalRecord]) -> bytes:
+    """Arrival-log entries, newline-separated: JSON [key, time, prompt_tokens, prefix_tokens]
+    each (JSON escapes newlines inside strings). Encoded in one orjson call, the outer
+    array's "],[" separators becoming newlines; only a key containing "],[" itself needs
+    one call per record."""
+    if not rows:
+        return b""
+    if "],[" in "\0".join(map(_key, rows)):
+        return b"\n".join(orjson.dumps(list(r)) for r in rows)
+    return orjson.dumps(rows, default=tuple)[1:-1].replace(b"],[", b"]\n[")
+
+
+def log_lines(rows: Sequence[ArrivalRecord]) -> list[bytes]:
+    return log_blob(rows).split(b"\n") if rows else []
+
+
+def arrival_from_log(line: bytes | str) -> ArrivalRecord:
+    return ArrivalRecord(*orjson.loads(line))
+
+
+def event_from_json(data: bytes | str) -> PlanEvent:
+    doc = orjson.loads(data)
+    return PlanEvent(doc["event"], int(doc["active_version"]), Mode(doc["mode"]), float(doc["at"]))
+
+
+def history_from_json(data: bytes | str) -> HistoryEntry:
+    d = orjson.loads(data)
+    return HistoryEntry(int(d["version"]), int(d["previous"]), d["event"], d.get("reason", ""),
+                        float(d["at"]), int(d.get("token", 0)))

@@ -1,0 +1,419 @@
+"""The store on Redis: `RedisStore` (redis.asyncio; one Lua script, services/store/lua/, for
+every conditional multi-key step; key layout Redis Cluster compatible, services/store/keys.py).
+
+When Redis is unreachable every call raises `services.errors.Unavailable` with one line
+(`redis unavailable at HOST:PORT: ...`); the next call reconnects (one immediate retry on a
+broken pooled connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import urllib.parse
+from importlib import resources
+from typing import AsyncIterator, Iterable, Sequence
+
+import orjson
+
+from services.core.plan import Plan
+from services.errors import FailedPrecondition, NotFound, Unavailable
+from services.model import (
+    Activation,
+    ArrivalRecord,
+    CacheCounters,
+    CacheStatRecord,
+    ControlState,
+    HistoryEntry,
+    LeaseInfo,
+    Mode,
+    PlanEvent,
+    RatesSnapshot,
+)
+from services.store.buckets import (
+    BucketPart,
+    counters,
+    first_of_each_batch_id,
+    key_totals,
+    newest,
+    snapshot,
+    split_by_bucket,
+    window_buckets,
+)
+from services.store.config import TelemetryConfig
+from services.store.contract import HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
+from services.store.keys import (
+    Keys,
+    arrival_from_log,
+    decode_plan,
+    encode_plan,
+    event_from_json,
+    history_from_json,
+    log_blob,
+    merge_counters,
+    stat_fields,
+    summary_of,
+)
+from services.store.window_cache import BucketCache
+
+
+def _load_scripts() -> dict[str, str]:
+    """The Lua sources, read once at import (services/store/lua/NAME.lua)."""
+    folder = resources.files("services.store") / "lua"
+    return {f.name[:-4]: f.read_text(encoding="utf-8") for f in folder.iterdir() if f.name.endswith(".lua")}
+
+
+SCRIPTS = _load_scripts()
+
+
+def _token_arg(fencing_token: int | None) -> str | int:
+    return "" if fencing_token is None else fencing_token
+
+
+def _raise_if_fenced(status: bytes) -> None:
+    if status == b"fenced":
+        raise refusal("fenced", 0, 0)
+
+
+class RedisStore(Store):
+    """The store on Redis (single node; key layout is Redis Cluster compatible)."""
+
+    def __init__(self, url: str, *, prefix: str = "cr", telemetry: TelemetryConfig | None = None,
+                 timeout: float = 2.0) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        super().__init__(telemetry)
+        self.url = url
+        self.prefix = prefix
+        self.keys = Keys(prefix)
+        self._tb, self._c, self._p = self.keys.tb, self.keys.cache, self.keys.plans
+        # One immediate retry on a broken connection (a pooled socket to a restarted server);
+        # none on timeouts, where the command may have run. Writes are safe to repeat: batches
+        # are deduplicated, activation is a CAS, a skipped version number is harmless.
+        self._redis = aioredis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry_on_timeout=False,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)), health_check_interval=30)
+        parsed = urllib.parse.urlsplit(url)
+        self._where = f"{parsed.hostname}:{parsed.port or 6379}"  # never the password
+        r = self._redis
+        self._arrivals = r.register_script(SCRIPTS["arrivals"])
+        self._cache = r.register_script(SCRIPTS["cache"])
+        self._put_plan = r.register_script(SCRIPTS["put_plan"])
+        self._activate = r.register_script(SCRIPTS["activate"])
+        self._set_mode = r.register_script(SCRIPTS["set_mode"])
+        self._pin = r.register_script(SCRIPTS["pin"])
+        self._unpin = r.register_script(SCRIPTS["unpin"])
+        self._prune = r.register_script(SCRIPTS["prune"])
+        self._acquire = r.register_script(SCRIPTS["acquire"])
+        self._renew = r.register_script(SCRIPTS["renew"])
+        self._next_version = r.register_script(SCRIPTS["next_version"])
+        self._seen_version = 0   # highest version seen in the store (reset detection, no reuse)
+        self._windows = BucketCache()
+
+    @contextlib.asynccontextmanager
+    async def _guard(self) -> AsyncIterator[None]:
+        from redis import exceptions as rx
+
+        try:
+            yield
+        except (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, OSError, asyncio.TimeoutError) as exc:
+            detail = " ".join(str(exc).split())[:160] or type(exc).__name__
+            raise Unavailable(f"redis unavailable at {self._where}: {detail}") from None
+
+    # ---- telemetry
+
+    async def record_arrival_batches(self, batches: Sequence[tuple[str, Sequence[ArrivalRecord]]]) -> list[bool]:
+        # One script per bucket for all the batches' parts in it: counts summed over the parts
+        # (one HINCRBY per distinct key), only the newest gaps/log records that the caps keep.
+        # A part whose marker is already set makes the script write nothing and name it; the
+        # bucket is retried without it (rare: replays), so every part lands at most once.
+        counted = [not arrivals for _, arrivals in batches]
+        pending: dict[int, list[tuple[int, str, BucketPart]]] = {}
+        for b, (batch_id, arrivals) in enumerate(batches):
+            for idx, part in split_by_bucket(arrivals, self.telemetry).items():
+                pending.setdefault(idx, []).append((b, batch_id, part))
+        async with self._guard():
+            while pending:
+                calls = [(idx, first_of_each_batch_id(parts)) for idx, parts in pending.items()]
+                pipe = self._redis.pipeline(transaction=False)
+                for idx, parts in calls:
+                    keys, args = self._arrival_call(idx, parts)
+                    await self._arrivals(keys=keys, args=args, client=pipe)
+                results = await pipe.execute()
+                pending = {}
+                for (idx, parts), seen in zip(calls, results):
+                    if not seen:
+                        for b, _, _ in parts:
+                            counted[b] = True
+                        continue
+                    marked = [j for j, p in enumerate(parts) if p[1]]
+                    drop = {marked[i - 1] for i in seen}
+                    if rest := [p for j, p in enumerate(parts) if j not in drop]:
+                        pending[idx] = rest
+        return counted
+
+    def _arrival_call(self, idx: int, parts: list[tuple[int, str, BucketPart]]) -> tuple[list[str], list[object]]:
+        cfg = self.telemetry
+        flat: list[str] = []
+        for key, (n, pt, xt) in key_totals(part for _, _, part in parts).items():
+            flat += (key, str(n), str(pt), str(xt))
+        gaps = newest((part.gaps for _, _, part in parts), cfg.gaps_per_bucket)
+        rows = newest((part.rows for _, _, part in parts), cfg.log_per_bucket)
+        keys = [self._tb(idx, h) for h in ("n", "pt", "xt", "gaps", "log", "v")]
+        keys += [self._tb(idx, f"seen:{batch_id}") for _, batch_id, _ in parts if batch_id]
+        args = [cfg.ttl, cfg.gaps_per_bucket, cfg.log_per_bucket, orjson.dumps(flat),
+                "\n".join(map(repr, gaps)), log_blob(rows), os.urandom(9).hex()]
+        return keys, args
+
+    async def record_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *, now: float) -> bool:
+        cfg = self.telemetry
+        args: list[object] = [cfg.ttl, "1" if batch_id else "0"]
+        for name, value in stat_fields(stats).items():
+            args += (name, value)
+        keys = [self._c(f"seen:{batch_id}"), self._c(f"b:{cfg.bucket(now)}"), self._c("total")]
+        async with self._guard():
+            return bool(await self._cache(keys=keys, args=args))
+
+    async def _hashes(self, names: Iterable[str]) -> list[dict[bytes, bytes]]:
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            for name in names:
+                pipe.hgetall(name)
+            return await pipe.execute()
+
+    async def window_rates(self, now: float, window_seconds: float) -> RatesSnapshot:
+        # Buckets whose token is unchanged since the last read come from the cache. The token
+        # is read before the hashes in one pipeline, so a write racing the read can only make
+        # the cached token older than the content (one extra re-read later), never newer.
+        first, last, start = window_buckets(now, window_seconds, self.telemetry)
+        idxs = range(first, last + 1)
+        cache = self._windows
+        async with self._guard():
+            tokens = await self._redis.mget([self._tb(i, "v") for i in idxs])
+            stale = [(i, t) for i, t in zip(idxs, tokens) if t is None or not cache.fresh(i, t)]
+            pipe = self._redis.pipeline(transaction=False)
+            for i, _ in stale:
+                for h in ("n", "pt", "xt"):
+                    pipe.hgetall(self._tb(i, h))
+            rows = await pipe.execute() if stale else []
+        for j, (i, token) in enumerate(stale):
+            cache.put(i, token, *rows[3 * j:3 * j + 3])
+        return snapshot(first, last, start, now, cache.totals(idxs))
+
+    async def cache_stats(self, now: float, window_seconds: float) -> dict[str, CacheCounters]:
+        first, last, _ = window_buckets(now, window_seconds, self.telemetry)
+        rows: dict[str, list[int]] = {}
+        for row in await self._hashes(self._c(f"b:{i}") for i in range(first, last + 1)):
+            merge_counters(rows, {k.decode(): int(v) for k, v in row.items()})
+        return counters(rows)
+
+    async def cache_totals(self) -> dict[str, CacheCounters]:
+        rows: dict[str, list[int]] = {}
+        (row,) = await self._hashes([self._c("total")])
+        merge_counters(rows, {k.decode(): int(v) for k, v in row.items()})
+        return counters(rows)
+
+    async def _lists(self, now: float, window_seconds: float, name: str) -> list[bytes]:
+        first, last, _ = window_buckets(now, window_seconds, self.telemetry)
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            for i in range(first, last + 1):
+                pipe.lrange(self._tb(i, name), 0, -1)
+            return [item for chunk in await pipe.execute() for item in chunk]
+
+    async def interarrival_sample(self, now: float, window_seconds: float) -> list[float]:
+        return [float(g) for g in await self._lists(now, window_seconds, "gaps")]
+
+    async def recent_arrivals(self, now: float, window_seconds: float) -> list[ArrivalRecord]:
+        return [arrival_from_log(r) for r in await self._lists(now, window_seconds, "log")]
+
+    # ---- plans
+
+    def _observe_versions(self, counter: int) -> None:
+        if counter < self._seen_version:
+            self.on_reset(self._seen_version, counter)
+        self._seen_version = max(self._seen_version, counter)
+
+    async def next_version(self) -> int:
+        async with self._guard():
+            version, before = await self._next_version(keys=[self._p("seq")], args=[self._seen_version])
+        self._observe_versions(int(before))
+        self._observe_versions(int(version))
+        return int(version)
+
+    async def put_plan(self, plan: Plan) -> None:
+        check_version(plan.version)
+        v = plan.version
+        keys = [self._p(f"plan:{v}"), self._p(f"summary:{v}"), self._p("index"), self._p("seq")]
+        blob, summary = encode_plan(plan), encode_plan(summary_of(plan))
+        async with self._guard():
+            if not await self._put_plan(keys=keys, args=[v, blob, summary]):
+                raise FailedPrecondition(f"plan version {v} already exists")
+        self._observe_versions(v)
+
+    async def get_plan(self, version: int) -> Plan:
+        async with self._guard():
+            blob = await self._redis.get(self._p(f"plan:{version}"))
+        if blob is None:
+            raise NotFound(f"plan version {version} not found")
+        return decode_plan(blob)
+
+    async def list_plans(self, limit: int = 20, before_version: int = 0) -> list[Plan]:
+        top = f"({before_version}" if before_version > 0 else "+inf"
+        async with self._guard():
+            versions = await self._redis.zrevrangebyscore(self._p("index"), top, "-inf", start=0, num=max(0, limit))
+            if not versions:
+                return []
+            blobs = await self._redis.mget([self._p(f"summary:{int(v)}") for v in versions])
+        return [decode_plan(b) for b in blobs if b is not None]
+
+    async def get_control(self) -> ControlState:
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.get(self._p("active"))
+            pipe.hgetall(self._p("mode"))
+            pipe.get(self._p("pinned"))
+            pipe.get(self._p("seq"))
+            active, mode, pinned, seq = await pipe.execute()
+        mode = {k.decode(): v.decode() for k, v in mode.items()}
+        self._observe_versions(int(seq or 0))
+        return ControlState(int(active or 0), Mode(mode.get("mode", "planned")), mode.get("reason", ""),
+                            float(mode.get("at", 0.0)), int(pinned or 0), int(seq or 0))
+
+    async def _cas(self, version: int, *, expected: int, now: float, reason: str, event: str,
+                   fencing_token: int | None, automatic: bool) -> Activation:
+        keys = [self._p("active"), self._p("history"), self._p("lease"), self._p("pinned"), self._p("mode"),
+                self._p("index"), self._p("events")]
+        args = [version, expected, "" if fencing_token is None else fencing_token, event, reason, repr(float(now)),
+                "1" if automatic else "0", HISTORY_MAX]
+        async with self._guard():
+            status, current, target = await self._activate(keys=keys, args=args)
+        status = status.decode()
+        if status == "ok":
+            return Activation(int(target), int(current), True)
+        if status == "same":
+            return Activation(int(current), int(current), False)
+        raise refusal(status, int(target), int(current))
+
+    async def activate(self, version: int, *, expected: int, now: float, reason: str = "",
+                       fencing_token: int | None = None, automatic: bool = False) -> Activation:
+        check_version(version)
+        return await self._cas(version, expected=expected, now=now, reason=reason, event="activate",
+                               fencing_token=fencing_token, automatic=automatic)
+
+    async def rollback(self, *, expected: int, now: float, to_version: int = 0, reason: str = "",
+                       fencing_token: int | None = None) -> Activation:
+        return await self._cas(to_version, expected=expected, now=now, reason=reason, event="rollback",
+                               fencing_token=fencing_token, automatic=False)
+
+    async def history(self, limit: int = 20) -> list[HistoryEntry]:
+        async with self._guard():
+            rows = await self._redis.lrange(self._p("history"), 0, max(0, limit) - 1) if limit > 0 else []
+        return [history_from_json(r) for r in rows]
+
+    async def set_mode(self, mode: Mode, *, reason: str, now: float,
+                       fencing_token: int | None = None) -> ControlState:
+        mode = Mode(mode)
+        async with self._guard():
+            keys = [self._p("mode"), self._p("active"), self._p("events"), self._p("lease")]
+            status = await self._set_mode(keys=keys, args=[mode.value, reason, repr(float(now)),
+                                                           _token_arg(fencing_token)])
+        _raise_if_fenced(status)
+        return await self.get_control()
+
+    async def pin(self, version: int, *, fencing_token: int | None = None) -> ControlState:
+        check_version(version)
+        async with self._guard():
+            status = await self._pin(keys=[self._p("pinned"), self._p("active"), self._p("index"), self._p("lease")],
+                                     args=[version, _token_arg(fencing_token)])
+        _raise_if_fenced(status)
+        status = status.decode()
+        if status == "missing":
+            raise NotFound(f"plan version {version} not found")
+        if status == "not_active":
+            raise FailedPrecondition(f"version {version} is not the active version")
+        return await self.get_control()
+
+    async def unpin(self, *, fencing_token: int | None = None) -> ControlState:
+        async with self._guard():
+            status = await self._unpin(keys=[self._p("pinned"), self._p("lease")], args=[_token_arg(fencing_token)])
+        _raise_if_fenced(status)
+        return await self.get_control()
+
+    async def prune_plans(self, keep: int) -> int:
+        # Plan keys are derived inside the script from prefixes; all share the {plans} tag.
+        keys = [self._p("index"), self._p("active"), self._p("pinned"), self._p("history"), self._p("plan:"),
+                self._p("summary:")]
+        async with self._guard():
+            return int(await self._prune(keys=keys, args=[max(0, keep)]))
+
+    def subscribe(self) -> "Subscription":
+        return _RedisSubscription(self)
+
+    # ---- lease
+
+    async def acquire_lease(self, holder: str, ttl_seconds: float) -> int | None:
+        async with self._guard():
+            token = await self._acquire(keys=[self._p("lease"), self._p("fence")], args=[holder, lease_ms(ttl_seconds)])
+        return None if token is None else int(token)
+
+    async def renew_lease(self, holder: str, token: int, ttl_seconds: float) -> bool:
+        async with self._guard():
+            return bool(await self._renew(keys=[self._p("lease")], args=[holder, token, lease_ms(ttl_seconds)]))
+
+    async def release_lease(self, holder: str, token: int) -> bool:
+        async with self._guard():
+            return bool(await self._renew(keys=[self._p("lease")], args=[holder, token, ""]))
+
+    async def lease(self) -> LeaseInfo | None:
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.hgetall(self._p("lease"))
+            pipe.pttl(self._p("lease"))
+            row, ttl = await pipe.execute()
+        if not row:
+            return None
+        return LeaseInfo(row[b"holder"].decode(), int(row[b"token"]), max(0, ttl) / 1000)
+
+    # ---- lifecycle
+
+    async def ping(self) -> None:
+        async with self._guard():
+            await self._redis.ping()
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+class _RedisSubscription(Subscription):
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self.channel = store._p("events")
+        self._pubsub = None
+
+    async def start(self) -> None:
+        async with self.store._guard():
+            self._pubsub = self.store._redis.pubsub(ignore_subscribe_messages=True)
+            await self._pubsub.subscribe(self.channel)
+
+    async def get(self, timeout: float) -> PlanEvent | None:
+        if self._pubsub is None:
+            await self.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        async with self.store._guard():
+            while (left := deadline - loop.time()) > 0:
+                msg = await self._pubsub.get_message(timeout=left)
+                if msg is not None and msg.get("type") == "message":
+                    return event_from_json(msg["data"])
+        return None
+
+    async def close(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+            self._pubsub = None

@@ -1,0 +1,65 @@
+"""The Redis store's cache of window sums: a window read re-fetches only the buckets whose
+write token changed since its last read (services/store/keys.py, `P:{tb:IDX}:v`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class BucketCache:
+    """Per-bucket (n, pt, xt) columns as numpy arrays over one growing key index, tagged with
+    the bucket's write token. Summing a window is one fancy-index add per bucket; the Python
+    work per hash field is two C-level maps (key -> index, bytes -> int)."""
+
+    LIMIT = 2**56    # columns above this fall back to Python ints (int64 must not overflow)
+    GROWTH, SLACK = 4, 1024    # compact the key index beyond GROWTH x cached entries + SLACK
+
+    def __init__(self) -> None:
+        self.index: dict[bytes, int] = {}
+        self.buckets: dict[int, tuple[bytes | None, np.ndarray, np.ndarray]] = {}   # idx -> token, ids, (m, 3)
+
+    def fresh(self, idx: int, token: bytes) -> bool:
+        entry = self.buckets.get(idx)
+        return entry is not None and entry[0] == token
+
+    def put(self, idx: int, token: bytes | None, n: dict, pt: dict, xt: dict) -> None:
+        keys = list(n)
+        if list(pt) == keys and list(xt) == keys:   # written together, so normally aligned
+            cols = [n.values(), pt.values(), xt.values()]
+        else:
+            keys = list(dict.fromkeys([*n, *pt, *xt]))
+            cols = [[h.get(k, 0) for k in keys] for h in (n, pt, xt)]
+        ints = [list(map(int, c)) for c in cols]
+        big = any(c and max(c) >= self.LIMIT for c in ints)
+        index = self.index
+        for k in [k for k in keys if k not in index]:
+            index[k] = len(index)
+        ids = np.fromiter(map(index.__getitem__, keys), dtype=np.int64, count=len(keys))
+        values = np.array(ints, dtype=object if big else np.int64).T.reshape(len(keys), 3)
+        self.buckets[idx] = (token, ids, values)
+
+    def totals(self, idxs: range) -> dict[str, tuple[int, int, int]]:
+        """Sums over the window's buckets; buckets outside it are dropped (one process reads
+        one window, the planner's)."""
+        for old in [i for i in self.buckets if i not in idxs]:
+            del self.buckets[old]
+        live = [self.buckets[i] for i in idxs if i in self.buckets]
+        if len(self.index) > self.GROWTH * sum(len(ids) for _, ids, _ in live) + self.SLACK:
+            self._compact()
+            live = [self.buckets[i] for i in idxs if i in self.buckets]
+        big = any(values.dtype == object for _, _, values in live)
+        acc = np.zeros((len(self.index), 3), dtype=object if big else np.int64)
+        for _, ids, values in live:
+            acc[ids] += values          # ids are distinct within a bucket
+        keys = list(self.index)
+        hit = np.flatnonzero(acc[:, 0] > 0)
+        return {keys[i].decode(): row for i, row in zip(hit.tolist(), map(tuple, acc[hit].tolist()))}
+
+    def _compact(self) -> None:
+        """Drop keys no cached bucket holds (keys churn; the index must not grow forever)."""
+        keys = list(self.index)
+        used = sorted({int(i) for _, ids, _ in self.buckets.values() for i in ids.tolist()})
+        remap = np.full(len(keys), -1, dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        self.index = {keys[i]: j for j, i in enumerate(used)}
+        self.buckets = {b: (t, remap[ids], v) for b, (t, ids, v) in self.buckets.items()}

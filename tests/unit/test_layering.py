@@ -1,0 +1,51 @@
+"""The layering the tree promises (docs/architecture.md, "Layout"): the core and the domain
+vocabulary are pure (no I/O libraries, no files, nothing from the layers above them) and the
+product does not import the lab (experiments/, matplotlib, tqdm)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PURE = sorted((ROOT / "services" / "core").rglob("*.py")) + [ROOT / "services" / "model.py"]
+PRODUCT = [p for p in sorted((ROOT / "services").rglob("*.py")) if "sim" not in p.relative_to(ROOT).parts[1:2]]
+ABOVE_CORE = ("services.sim", "services.store", "services.rpc", "services.planner", "services.collector",
+              "services.dispatcher", "services.engine", "services.stack", "services.localredis", "clients",
+              "grpc", "redis", "aiohttp", "socket", "subprocess", "experiments")
+LAB = ("experiments", "matplotlib", "tqdm")
+
+
+@functools.lru_cache(maxsize=None)
+def nodes(path: Path) -> tuple[ast.AST, ...]:
+    return tuple(ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+
+def imported(path: Path) -> set[str]:
+    names = set()
+    for node in nodes(path):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def calls_open(path: Path) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "open" for n in nodes(path))
+
+
+@pytest.mark.parametrize("path", PURE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_core_and_the_model_are_pure(path):
+    above = sorted(m for m in imported(path) if m.startswith(ABOVE_CORE))
+    assert above == [], f"{path.name} imports {above}"
+    assert not calls_open(path), f"{path.name} opens files"
+
+
+@pytest.mark.parametrize("path", PRODUCT, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_product_does_not_import_the_lab(path):
+    lab = sorted(m for m in imported(path) if m.startswith(LAB))
+    assert lab == [], f"{path.name} imports {lab}"
