@@ -505,6 +505,10 @@ def summarize(outcomes: Sequence[Outcome], warmup: float, *, router: Router, kin
             key = (f"HTTP {o.status}: " if o.status and o.status != 200 else "") + (o.error or "no content")[:120]
             errors[key] = errors.get(key, 0) + 1
     mean_share = 1.0 / len(shares) if shares else 0.0
+    reasons: dict[str, int] = {}
+    for o in measured:
+        if o.reason:
+            reasons[o.reason] = reasons.get(o.reason, 0) + 1
     return {
         "requests": n, "ok": len(ok), "errors": n - len(ok),
         "error_kinds": dict(sorted(errors.items(), key=lambda kv: -kv[1])[:5]),
@@ -512,7 +516,7 @@ def summarize(outcomes: Sequence[Outcome], warmup: float, *, router: Router, kin
         "hit_rate": cached / prompt if prompt else 0.0,
         "engine_hit_rate": e_cached / e_prompt if e_prompt else None,
         "mean_prompt_tokens": prompt / len(ok) if ok else 0.0,
-        "shares": shares, "share_source": share_source,
+        "shares": shares, "share_source": share_source, "reasons": reasons,
         "imbalance": max(shares.values()) / mean_share if shares and mean_share else None,
         "router_cpu_s": cpu[1] - cpu[0],
         "router_cpu_per_1k": (cpu[1] - cpu[0]) / n * 1000 if n else None,
@@ -647,12 +651,16 @@ def plot(result: dict, path: str) -> None:
     for router, points in result["points"].items():
         xs = [p["qps"] for p in points]
         ys = [p["ttft_p99"] for p in points]
-        ax.plot(xs, ys, marker="o", label=router)
+        line, = ax.plot(xs, ys, marker="o", label=router)
+        failed = [(p["qps"], p["ttft_p99"]) for p in points if p["errors"] and math.isfinite(p["ttft_p99"])]
+        if failed:   # a point with errors fails the SLO whatever its p99 of the successful requests
+            ax.scatter(*zip(*failed), marker="x", s=90, color=line.get_color(), zorder=3)
     ax.axhline(result["slo"], color="grey", linestyle="--", linewidth=1, label=f"SLO {result['slo']:g} s")
     ax.set_xlabel("offered load (req/s)")
     ax.set_ylabel("p99 TTFT (s)")
     ax.set_yscale("log")
-    ax.set_title(f"{result['workload']} - {result['scale']} scale ({result['replicas']} replicas)")
+    ax.set_title(f"{result['workload']} - {result['scale']} scale ({result['replicas']} replicas); x: point had errors",
+                 fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -727,10 +735,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.0,
                         help="override the scale's seconds per point (for trying things; docs use the defaults)")
     parser.add_argument("--warmup", type=float, default=-1.0, help="override the scale's warm-up seconds")
+    parser.add_argument("--from-json", default="", metavar="PATH",
+                        help="run nothing: print the table of a stored result (and --table/--plot it)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the other routers' points already in --out (re-running some routers)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
+    if args.from_json:
+        result = json.loads(Path(args.from_json).read_text())
+        text = table(result)
+        print(text)
+        if args.table:
+            Path(args.table).write_text(text + "\n")
+        if args.plot:
+            plot(result, args.plot)
+        return 0
     scale = SMOKE if args.smoke else SCALES[args.scale]
     if args.duration > 0:
         scale = replace(scale, duration=args.duration)

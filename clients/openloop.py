@@ -14,7 +14,8 @@ a pydantic object per chunk, which at a few hundred streamed chunks per second c
 2-core machine more CPU than the routers under test. What is read per request: the first
 chunk with non-empty content (TTFT), the final usage chunk (`prompt_tokens`,
 `prompt_tokens_details.cached_tokens`; requested with `stream_options.include_usage`), the
-`x-cacheroute-replica` response header when a CacheRoute dispatcher answers, and the HTTP
+`x-cacheroute-replica` and `x-cacheroute-reason` response headers when a CacheRoute dispatcher
+answers, and the HTTP
 status plus a one-line error otherwise.
 """
 
@@ -29,6 +30,7 @@ import aiohttp
 import orjson
 
 REPLICA_HEADER = "x-cacheroute-replica"
+REASON_HEADER = "x-cacheroute-reason"
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class Outcome:
     cached_tokens: int = 0
     completion_tokens: int = 0
     replica: str = ""
+    reason: str = ""          # x-cacheroute-reason (planned / cold / fallback) when CacheRoute answers
 
     @property
     def ok(self) -> bool:
@@ -70,6 +73,7 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes, out: O
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             out.status = resp.status
             out.replica = resp.headers.get(REPLICA_HEADER, "")
+            out.reason = resp.headers.get(REASON_HEADER, "")
             if resp.status != 200:
                 text = (await resp.read())[:300].decode("utf-8", "replace")
                 out.error = " ".join(text.split()) or f"HTTP {resp.status}"

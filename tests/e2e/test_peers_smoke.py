@@ -39,5 +39,8 @@ def test_peers_smoke(tmp_path):
     assert result["points"]["cacheroute"][0]["share_source"] == "header"
     assert result["points"]["sglang-ca"][0]["share_source"] == "engine counters"
     assert result["points"]["cacheroute"][0]["control_cpu_per_1k"] > 0
+    reasons = result["points"]["cacheroute"][0]["reasons"]
+    assert sum(reasons.values()) == result["points"]["cacheroute"][0]["requests"] and set(reasons) <= {
+        "planned", "cold", "fallback"}, reasons
     assert "| cacheroute | 10 |" in proc.stdout and "SLO capacity" in proc.stdout
     assert plot.stat().st_size > 1000
