@@ -33,12 +33,13 @@ class RunningHttp:
         await self.runner.cleanup()
 
 
-async def start_http(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 1.0) -> RunningHttp:
+async def start_http(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 1.0,
+                     reuse_port: bool = False) -> RunningHttp:
     """Serve `app` on host:port (0: ephemeral); the bound port is in the result and in the
     "http serving" log line (field `url`), which `services.stack` reads like gRPC's "serving" line."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None)
     await site.start()
     sockets = site._server.sockets if site._server is not None else ()   # noqa: SLF001 - the only way to read port 0
     bound = sockets[0].getsockname()[1] if sockets else port

@@ -73,6 +73,7 @@ class StackError(RuntimeError):
 class StackConfig:
     engines: int = 4
     dispatchers: int = 2
+    dispatcher_workers: int = 1           # worker processes per dispatcher (--workers; 0 = one per core)
     profile: str = "llama3-8b-h100"
     time_scale: float = 1.0
     kv_blocks: int | None = None          # None: the profile's
@@ -103,6 +104,8 @@ class StackConfig:
     def __post_init__(self) -> None:
         if self.engines < 1 or self.dispatchers < 1:
             raise ValueError("a stack needs at least one engine and one dispatcher")
+        if self.dispatcher_workers < 0:
+            raise ValueError("dispatcher_workers must be >= 0 (0 = one per core)")
         for name in ("time_scale", "planner_interval", "window_seconds", "bucket_seconds", "q_cap"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
@@ -408,6 +411,8 @@ class Stack:
         if cfg.seed is not None:
             args += ["--seed", str(cfg.seed + i)]
         args += ["--http-port", "0" if cfg.http else "-1"]
+        if cfg.dispatcher_workers != 1:
+            args += ["--workers", str(cfg.dispatcher_workers)]
         child = self._new_child(f"dispatcher-{i}", "dispatcher", args)
         child.expect_http = cfg.http
         return child

@@ -55,6 +55,9 @@ def add_stack_flags(p: argparse.ArgumentParser, *, interval: float) -> None:
     g.add_argument("--num-engines", type=int, default=DEFAULTS.engines, help=f"engine replicas (default {DEFAULTS.engines})")
     g.add_argument("--num-dispatchers", type=int, default=DEFAULTS.dispatchers,
                    help=f"dispatchers (default {DEFAULTS.dispatchers})")
+    g.add_argument("--dispatcher-workers", type=int, default=DEFAULTS.dispatcher_workers,
+                   help="worker processes per dispatcher sharing its ports, 0 = one per core "
+                        f"(default {DEFAULTS.dispatcher_workers})")
     g.add_argument("--profile", default=DEFAULTS.profile, help=f"engine profile (default {DEFAULTS.profile})")
     g.add_argument("--time-scale", type=float, default=DEFAULTS.time_scale,
                    help="engines' wall seconds per model second (default 1; < 1 runs faster, costs more CPU)")
@@ -105,7 +108,8 @@ def stack_config(args: argparse.Namespace, default_knobs: str = "") -> StackConf
         except ImportError:
             raise CliError("--engine-kind llamacpp needs xllamacpp: pip install 'cacheroute[llamacpp]'") from None
     try:
-        return StackConfig(engines=len(urls) or args.num_engines, dispatchers=args.num_dispatchers, profile=args.profile,
+        return StackConfig(engines=len(urls) or args.num_engines, dispatchers=args.num_dispatchers,
+                           dispatcher_workers=args.dispatcher_workers, profile=args.profile,
                            time_scale=args.time_scale, kv_blocks=args.kv_blocks, planner_interval=args.interval,
                            window_seconds=args.window, q_cap=args.q_cap, warm_slots=args.warm_slots,
                            redis_url=args.redis, log_dir=args.log_dir, seed=args.seed,

@@ -13,8 +13,9 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import AsyncIterable, Callable
+from typing import AsyncIterable, Callable, Iterable
 
+from services.core.prefixes import count_fields
 from services.errors import Unavailable
 from services.model import MAX_KEY_BYTES, CacheStatRecord
 from services.rpc import kv
@@ -131,9 +132,27 @@ class Tally:
             raise self.error
 
 
+def prefix_rows(arrivals, rows: list, good: list) -> list[tuple[float, str, int]]:
+    """(time, field, 1) prefix-node count rows of the valid arrivals that carry a prefix chain
+    (services.core.prefixes.count_fields; at most len(NODE_DEPTHS) per arrival)."""
+    if not any(a.prefix_nodes for a in arrivals):
+        return []
+    if len(good) == len(rows):
+        keep: Iterable[int] = range(len(rows))
+    else:
+        valid = set(good)
+        keep = [i for i, r in enumerate(rows) if r in valid]
+    out = []
+    for i in keep:
+        a = arrivals[i]
+        if a.prefix_nodes:
+            out.extend((a.time, f, 1) for f in count_fields(a.key, a.prefix_nodes))
+    return out
+
+
 @dataclass(slots=True)
 class _Item:
-    kind: str                                  # "arrivals" | "cache"
+    kind: str                                  # "arrivals" | "cache" | "prefix"
     batch_id: str
     records: list
     tally: Tally
@@ -194,6 +213,9 @@ class Ingestor:
             self.counters.rejected("arrival", len(rows) - len(good))
             if good:
                 await self._put(_Item("arrivals", batch.batch_id, good, tally))
+                prefix = prefix_rows(batch.arrivals, rows, good)
+                if prefix:
+                    await self._put(_Item("prefix", batch.batch_id, prefix, tally))
         await tally.wait()
         return tally
 
@@ -259,6 +281,8 @@ class Ingestor:
         for it in items:
             if it.kind == "cache":
                 self._landed(it, await self.store.record_cache_stats(it.batch_id, it.records, now=it.now))
+            elif it.kind == "prefix":
+                await self.store.record_prefix_counts(it.batch_id, it.records)   # tallied with its arrivals
 
     def _landed(self, it: _Item, counted: bool) -> None:
         it.tally.landed(len(it.records), counted)

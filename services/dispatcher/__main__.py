@@ -14,6 +14,9 @@ Environment variables (flags override them):
                                             cold key to the same replica while loads are balanced);
                                             default chwbl (services.model.DEFAULT_COLD_TAIL, as in the
                                             simulator; CACHEROUTE_COLD is read when CACHEROUTE_COLD_TAIL is unset)
+  CACHEROUTE_PREFIX_NODES (0)               1: the prefix-aware policy (cacheroute-prefix: routes cold keys
+                                            by the plan's prefix nodes, balances on prefill tokens, sends
+                                            each arrival's prefix chain to the collector; docs/architecture.md)
   CACHEROUTE_POLL_INTERVAL (0.25)           replica health/stats poll period, seconds
   CACHEROUTE_POLL_TIMEOUT (0.2)             deadline of each poll RPC, seconds
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
@@ -27,6 +30,9 @@ Environment variables (flags override them):
                                             With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
                                             Route, RouteBatch and Generate require one of them; GetStatus stays open.
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
+  CACHEROUTE_WORKERS (1)                    worker processes sharing the ports (SO_REUSEPORT), 0 = one per
+                                            core; > 1 runs a supervisor (services/dispatcher/workers.py) whose
+                                            metrics port serves every worker's metrics, labelled worker="I"
   CACHEROUTE_ENGINE_KIND (cacheroute)       kind of replicas given without KIND+ (services/backends):
                                             cacheroute (gRPC engine), vllm, sglang, llamacpp, openai;
                                             per replica: id=KIND+URL (e.g. e1=vllm+http://10.0.0.5:8000)
@@ -42,6 +48,7 @@ OpenAI HTTP API (services/dispatcher/http.py):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from services.auth import keyring
@@ -50,8 +57,9 @@ from services.dispatcher.http import HttpConfig
 from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.budget import BudgetConfig
 from services.dispatcher.servicer import KeyRules
+from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
-from services.rpc import add_server_flags, env, env_number, run_service, server_config
+from services.rpc import add_server_flags, env, env_number, run_service, server_config, setup_logging
 
 
 def parse_args(argv: list[str] | None) -> DispatcherConfig:
@@ -66,6 +74,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--dispatcher-id", default=env("DISPATCHER_ID", "dispatcher-0"), help="(env CACHEROUTE_DISPATCHER_ID)")
     g.add_argument("--key-blocks", type=int, default=env_number("KEY_BLOCKS", "4", int), help="(env CACHEROUTE_KEY_BLOCKS, default 4)")
     g.add_argument("--key-tokens", type=int, default=env_number("KEY_TOKENS", "64", int), help="(env CACHEROUTE_KEY_TOKENS, default 64)")
+    g.add_argument("--prefix-nodes", type=int, choices=(0, 1), default=env("PREFIX_NODES", "0"),
+                   help="1: prefix-aware routing (env CACHEROUTE_PREFIX_NODES, default 0)")
     g.add_argument("--cold-tail", "--cold", dest="cold", default=env("COLD_TAIL", env("COLD", DEFAULT_COLD_TAIL)),
                    choices=COLD_TAILS, help=f"cold-tail policy (env CACHEROUTE_COLD_TAIL, default {DEFAULT_COLD_TAIL})")
     g.add_argument("--poll-interval", type=float, default=env_number("POLL_INTERVAL", "0.25", float))
@@ -84,6 +94,9 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
                    help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
     g.add_argument("--engine-kind", default=env("ENGINE_KIND", "cacheroute"), choices=KINDS,
                    help="kind of replicas given without KIND+ (env CACHEROUTE_ENGINE_KIND, default cacheroute)")
+    g.add_argument("--workers", type=int, default=env_number("WORKERS", "1", int),
+                   help="worker processes sharing the ports, 0 = one per core (env CACHEROUTE_WORKERS, default 1)")
+    g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)   # set by the supervisor
     h = parser.add_argument_group("OpenAI HTTP API")
     h.add_argument("--http-port", type=int, default=env_number("HTTP_PORT", "8080", int),
                    help="-1 = off, 0 = ephemeral (env CACHEROUTE_HTTP_PORT, default 8080)")
@@ -92,6 +105,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     h.add_argument("--upstream-timeout", type=float, default=env_number("UPSTREAM_TIMEOUT", "600", float))
     h.add_argument("--eject-seconds", type=float, default=env_number("EJECT_SECONDS", "5", float))
     args = parser.parse_args(argv)
+    if args.workers < 0:
+        parser.error("--workers must be >= 0 (0 = one per core)")
     try:
         replicas = parse_replicas(args.replicas or "", need_address=True)
         for replica in replicas:
@@ -114,17 +129,35 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     http = HttpConfig(host=args.host, port=args.http_port, max_body_bytes=args.http_max_body_bytes,
                       max_output_tokens=args.max_output_tokens, upstream_timeout=args.upstream_timeout,
                       eject_seconds=args.eject_seconds, key_tokens=args.key_tokens)
+    if args.worker_index is not None:   # one of several workers on shared ports
+        server = dataclasses.replace(server, reuse_port=True, announce="worker serving")
+        http = dataclasses.replace(http, reuse_port=True)
     return DispatcherConfig(
+        workers=resolve_workers(args.workers), worker_index=args.worker_index,
         server=server, replicas=replicas, dispatcher_id=args.dispatcher_id,
         planner=args.planner, redis_url=args.redis, collector=args.collector,
         rules=KeyRules(blocks=args.key_blocks, tokens=args.key_tokens, max_batch=args.max_batch),
-        cold=args.cold, poll_interval=args.poll_interval, poll_timeout=args.poll_timeout,
-        telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity, seed=args.seed,
+        cold=args.cold, prefix_nodes=bool(args.prefix_nodes), poll_interval=args.poll_interval,
+        poll_timeout=args.poll_timeout,
+        telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
+        seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
         budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_service("dispatcher", lambda: parse_args(argv), serve)
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        config = parse_args(args)
+    except ValueError as exc:
+        print(f"dispatcher: error: {exc}", file=sys.stderr)
+        return 2
+    if config.workers > 1 and config.worker_index is None:
+        setup_logging("dispatcher", config.server.log_level)
+        s = config.server
+        return supervise(WorkersConfig(workers=config.workers, host=s.host, port=s.port, http_port=config.http.port,
+                                       metrics_host=s.metrics_host, metrics_port=s.metrics_port,
+                                       grace_seconds=s.grace_seconds, dispatcher_id=config.dispatcher_id), args)
+    return run_service("dispatcher", lambda: config, serve)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ class HttpConfig:
     connect_timeout: float = 3.0
     eject_seconds: float = 5.0
     key_tokens: int = routing.DEFAULT_KEY_TOKENS
+    reuse_port: bool = False              # share the port with sibling worker processes (SO_REUSEPORT)
 
 
 class _Retry(Exception):
@@ -470,7 +471,8 @@ class HttpApi:
         from services.httpserver import start_http
 
         self.front.session = await open_session()
-        self.running = await start_http(self.front.app(), self.config.host, self.config.port)
+        self.running = await start_http(self.front.app(), self.config.host, self.config.port,
+                                        reuse_port=self.config.reuse_port)
         if self.sender is not None:
             self.sender.start()
         return self

@@ -18,6 +18,7 @@ from services.dispatcher.plans import PlanFeed
 from services.dispatcher.router import Router
 from services.dispatcher.servicer import DispatcherServicer, KeyRules
 from services.dispatcher.telemetry import ArrivalReporter
+from services.dispatcher.workers import report_ready
 from services.model import DEFAULT_COLD_TAIL, Replica
 from services.rpc import RpcMetrics, RunningServer, ServerConfig, kv, start_server
 from services.store import RedisStore
@@ -37,6 +38,7 @@ class DispatcherConfig:
     collector: str = ""
     rules: KeyRules = KeyRules()
     cold: str = DEFAULT_COLD_TAIL
+    prefix_nodes: bool = False             # route by prefix nodes, token balance (policy cacheroute-prefix)
     poll_interval: float = 0.25
     poll_timeout: float = 0.2
     telemetry_interval: float = 0.5
@@ -47,6 +49,8 @@ class DispatcherConfig:
     engine_kind: str = "cacheroute"       # kind of replicas given without KIND+ (services.backends)
     http: HttpConfig = HttpConfig()       # the OpenAI HTTP API (port -1: off)
     keyring: KeyRing = KeyRing()          # data-plane API keys (services/auth.py); the token is added
+    workers: int = 1                   # > 1: the process supervises that many workers (services/dispatcher/workers.py)
+    worker_index: int | None = None    # set in a worker the supervisor started
 
 
 class RouterMetrics:
@@ -93,7 +97,7 @@ class DispatcherService:
     def __init__(self, config: DispatcherConfig) -> None:
         self.config = config
         self.router = Router(config.replicas, seed=config.seed, cold=config.cold,
-                             telemetry_capacity=config.telemetry_capacity)
+                             telemetry_capacity=config.telemetry_capacity, prefix_nodes=config.prefix_nodes)
         tls = config.server.tls
         self.monitor = ReplicaMonitor(self.router, interval=config.poll_interval, timeout=config.poll_timeout, tls=tls,
                                       default_kind=config.engine_kind)
@@ -136,6 +140,9 @@ class DispatcherService:
                                       registry=metrics.registry).start()
         if self.reporter is not None:
             self.reporter.start()
+        if self.config.worker_index is not None:
+            report_ready(index=self.config.worker_index, address=self.running.address,
+                         metrics_port=self.running.metrics_port, http=self.http_url)
         log.info("dispatcher ready", extra=kv(id=self.config.dispatcher_id, replicas=len(self.router.ids),
                                               healthy=sum(self.router.state.healthy), http=self.http_url,
                                               plan_version=self.router.plan_version, source=self.router.plan_source))

@@ -58,6 +58,7 @@ class FlatMode(FailedPrecondition):
 
 
 HISTORY_MAX = 200
+PREFIX_FIELDS_PER_BUCKET = 100_000     # prefix-node count fields one telemetry bucket may hold
 
 _REFUSALS = {
     "stale": lambda v, cur: StaleVersion(f"stale expected version: active is {cur}"),
@@ -137,6 +138,16 @@ class Store(abc.ABC):
     async def recent_arrivals(self, now: float, window_seconds: float) -> list[ArrivalRecord]:
         """The arrival log of the window's buckets, oldest bucket first (bounded per bucket;
         within a bucket in recording order)."""
+
+    @abc.abstractmethod
+    async def record_prefix_counts(self, batch_id: str, counts: Sequence[tuple[float, str, int]]) -> bool:
+        """Add prefix-node counts, (time, field, n) rows (field: services.core.prefixes.count_field),
+        to the telemetry buckets of their times. Same idempotency rule as `record_arrivals`; a
+        bucket holds at most PREFIX_FIELDS_PER_BUCKET fields (new ones beyond are dropped)."""
+
+    @abc.abstractmethod
+    async def prefix_counts(self, now: float, window_seconds: float) -> dict[str, int]:
+        """Prefix-node counts summed over the window's buckets, by field."""
 
     # ---- plans
 

@@ -25,7 +25,7 @@ from services.model import (
 )
 from services.store.buckets import counters, key_totals, newest, snapshot, split_by_bucket, window_buckets
 from services.store.config import TelemetryConfig
-from services.store.contract import HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
+from services.store.contract import HISTORY_MAX, PREFIX_FIELDS_PER_BUCKET, Store, Subscription, check_version, lease_ms, refusal
 from services.store.keys import (
     arrival_from_log,
     decode_plan,
@@ -47,6 +47,7 @@ class MemoryStore(Store):
         self._seen: dict[str, float] = {}                      # marker -> expiry
         self._cache_b: dict[int, dict[str, list[int]]] = {}
         self._cache_total: dict[str, list[int]] = {}
+        self._prefix_b: dict[int, dict[str, int]] = {}
         self._plans: dict[int, bytes] = {}
         self._summaries: dict[int, bytes] = {}
         self._seq = 0
@@ -108,6 +109,37 @@ class MemoryStore(Store):
         merge_counters(self._cache_b.setdefault(self.telemetry.bucket(now), {}), fields)
         merge_counters(self._cache_total, fields)
         return True
+
+    async def record_prefix_counts(self, batch_id: str, counts: Sequence[tuple[float, str, int]]) -> bool:
+        self._check()
+        cfg = self.telemetry
+        parts: dict[int, list[tuple[str, int]]] = {}
+        for t, field, n in counts:
+            parts.setdefault(cfg.bucket(t), []).append((field, n))
+        counted = not counts
+        for idx, rows in parts.items():
+            if batch_id and not self._mark(f"pfx:{idx}:{batch_id}"):
+                continue
+            counted = True
+            bucket = self._prefix_b.setdefault(idx, {})
+            for field, n in rows:
+                if field in bucket:
+                    bucket[field] += n
+                elif len(bucket) < PREFIX_FIELDS_PER_BUCKET:
+                    bucket[field] = n
+        keep = max(self._prefix_b) - math.ceil(cfg.ttl / cfg.bucket_seconds) if self._prefix_b else 0
+        for idx in [i for i in self._prefix_b if i < keep]:
+            del self._prefix_b[idx]
+        return counted
+
+    async def prefix_counts(self, now: float, window_seconds: float) -> dict[str, int]:
+        self._check()
+        first, last, _ = window_buckets(now, window_seconds, self.telemetry)
+        out: dict[str, int] = {}
+        for i in range(first, last + 1):
+            for field, n in self._prefix_b.get(i, {}).items():
+                out[field] = out.get(field, 0) + n
+        return out
 
     async def window_rates(self, now: float, window_seconds: float) -> RatesSnapshot:
         self._check()
