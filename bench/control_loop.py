@@ -241,7 +241,7 @@ async def run_one(n_keys: int, args: argparse.Namespace) -> dict:
             fake = ",".join(f"{r}=127.0.0.1:{9 + i}" for i, r in enumerate(replicas))   # nothing listens there
             dispatchers = []
             for i in range(args.dispatchers):
-                d = spawn("services.dispatcher", "--replicas", fake, "--planner", p_addr,
+                d = spawn("services.dispatcher", "--replicas", fake, "--planner", p_addr, "--http-port", "-1",
                           "--dispatcher-id", f"bench-{i}", "--poll-interval", "1", "--telemetry-interval", "5")
                 procs.append(d)
                 dispatchers.append((d, serving_address(d)))
