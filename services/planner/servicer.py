@@ -147,7 +147,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             planner_id=self.planner_id, leader=loop.leader, lease_fencing_token=loop.token,
             active_version=state.active_version, mode=_MODE_TO_PB[state.mode], pinned_version=state.pinned_version,
             mode_reason=state.mode_reason, last_loop_at=loop.last_loop_at, last_loop_outcome=loop.last_outcome,
-            latest_version=state.latest_version)
+            latest_version=state.latest_version, **loop.hit_rates)
 
     # ---- control (bearer token when configured)
 

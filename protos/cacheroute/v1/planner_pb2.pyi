@@ -198,7 +198,7 @@ class GetPlannerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PlannerStatus(_message.Message):
-    __slots__ = ("planner_id", "leader", "lease_fencing_token", "active_version", "mode", "pinned_version", "mode_reason", "last_loop_at", "last_loop_outcome", "latest_version")
+    __slots__ = ("planner_id", "leader", "lease_fencing_token", "active_version", "mode", "pinned_version", "mode_reason", "last_loop_at", "last_loop_outcome", "latest_version", "available_hit_rate", "achieved_hit_rate")
     PLANNER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     LEASE_FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,8 @@ class PlannerStatus(_message.Message):
     LAST_LOOP_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_LOOP_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    ACHIEVED_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     planner_id: str
     leader: bool
     lease_fencing_token: int
@@ -219,4 +221,6 @@ class PlannerStatus(_message.Message):
     last_loop_at: float
     last_loop_outcome: str
     latest_version: int
-    def __init__(self, planner_id: _Optional[str] = ..., leader: _Optional[bool] = ..., lease_fencing_token: _Optional[int] = ..., active_version: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., pinned_version: _Optional[int] = ..., mode_reason: _Optional[str] = ..., last_loop_at: _Optional[float] = ..., last_loop_outcome: _Optional[str] = ..., latest_version: _Optional[int] = ...) -> None: ...
+    available_hit_rate: float
+    achieved_hit_rate: float
+    def __init__(self, planner_id: _Optional[str] = ..., leader: _Optional[bool] = ..., lease_fencing_token: _Optional[int] = ..., active_version: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., pinned_version: _Optional[int] = ..., mode_reason: _Optional[str] = ..., last_loop_at: _Optional[float] = ..., last_loop_outcome: _Optional[str] = ..., latest_version: _Optional[int] = ..., available_hit_rate: _Optional[float] = ..., achieved_hit_rate: _Optional[float] = ...) -> None: ...
