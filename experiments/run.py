@@ -34,6 +34,7 @@ RESULTS = os.path.join(ROOT, "results")
 MOONCAKE = "/work/shared/data/mooncake"
 
 ALL_POLICIES = "flat,sticky,chwbl,sglang,llmd,dynamo,preble,dualmap,cacheroute"
+TRACE_POLICIES = ALL_POLICIES + ",cacheroute-prefix"     # the traces also run the prefix-aware plans
 BOOT = ["--first-plan-at", "5"]
 SYNTH = ["--duration", "150", "--warmup", "60", *BOOT, "--jobs", "2"]
 FLAGSHIP_GRID = "20,50,100,150,200,250,300"
@@ -85,10 +86,10 @@ COMPARE: dict[str, list[str]] = {
                       *SYNTH],
     # traces: 8B profile, 8 replicas (docs/experiments.md, experiment f, says why)
     "mooncake-conversation": ["sim", "compare", "--trace", f"{MOONCAKE}/conversation_trace.first_half.jsonl",
-                              "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", ALL_POLICIES,
+                              "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", TRACE_POLICIES,
                               "--qps-grid", TRACE_GRID, "--slo-p99", "20", *BOOT, "--jobs", "2"],
     "mooncake-synthetic": ["sim", "compare", "--trace", f"{MOONCAKE}/synthetic_trace.jsonl",
-                           "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", ALL_POLICIES,
+                           "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", TRACE_POLICIES,
                            "--qps-grid", TRACE_GRID, "--slo-p99", "10", *BOOT, "--jobs", "2"],
     # the flagship K=128 near its knee on a finer, higher grid; q_cap fixed to the value flagship-k128
     # calibrated at its lowest point (20 QPS), so the only change is the grid

@@ -19,6 +19,9 @@ Environment variables (flags override them):
   CACHEROUTE_LEASE_TTL (15)                        planner lease TTL, seconds (renewed every TTL/3)
   CACHEROUTE_KEEP_VERSIONS (500)                   stored versions kept (active, pinned, history always kept)
   CACHEROUTE_AUTO (1)                              run the control loop (0: RPCs only, never leads)
+  CACHEROUTE_PREFIX_NODES (0)                      1: prefix-aware plans (prefix nodes from the dispatchers' chains,
+                                                   sticky placement; services.core.prefixes), with the window's
+                                                   available and achieved hit rates on each plan
   CACHEROUTE_MAX_MOVES (8)                         incremental rebalancing moves per loop, 0 = unbounded
                                                    (a returning replica gets at most this many key shares a loop)
 
@@ -88,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest span the EWMA reads, seconds (default min(max(3 x horizon, window), retention))")
     g.add_argument("--incremental", type=int, choices=(0, 1), default=env_number("INCREMENTAL", "1", int),
                    help="1: churn-aware re-planning when available (default 1)")
+    g.add_argument("--prefix-nodes", type=int, choices=(0, 1), default=env_number("PREFIX_NODES", "0", int),
+                   help="1: prefix-aware plans (env CACHEROUTE_PREFIX_NODES, default 0)")
     g.add_argument("--switch-knobs", default=env("SWITCH_KNOBS", ""),
                    help="switching-rule knobs NAME=VALUE,... (env CACHEROUTE_SWITCH_KNOBS)")
     g.add_argument("--planner-id", default=env("PLANNER_ID", f"{socket.gethostname()}-{os.getpid()}"),
@@ -186,7 +191,7 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
                       interval=args.interval, window_seconds=args.window, incremental=bool(args.incremental),
                       switching=switching_config(parse_knobs(args.switch_knobs)), planner_id=args.planner_id,
                       lease_ttl=args.lease_ttl, keep_versions=args.keep_versions, max_moves=args.max_moves or None,
-                      rate_horizon=horizon, rate_history=history)
+                      rate_horizon=horizon, rate_history=history, prefix=bool(args.prefix_nodes))
     return PlannerConfig(server=server_config("planner", args), loop=loop, redis_url=args.redis,
                          key_prefix=args.key_prefix, telemetry=telemetry_from_args(args), auto=bool(args.auto),
                          gate=gate_from_args(args), replica_addresses={r.id: r.address for r in replicas if r.address},

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
@@ -93,6 +94,7 @@ class LoopConfig:
     max_moves: int | None = None          # incremental rebalancing moves per loop (None: unbounded)
     rate_horizon: float | None = None     # EWMA horizon of per-key rates (None: the last window only)
     rate_history: float = 0.0             # longest telemetry span the EWMA reads (<= retention)
+    prefix: bool = False                  # prefix-aware plans from the collector's prefix-node counts
 
 
 @dataclass
@@ -111,6 +113,7 @@ class LoopStatus:
     token: int = 0
     last_loop_at: float = 0.0
     last_outcome: str = ""
+    hit_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)   # available / achieved, last window
 
 
 class ControlLoop:
@@ -129,6 +132,7 @@ class ControlLoop:
         self._token: int | None = None
         self._lease_valid_until = 0.0          # monotonic; renewals that fail past this depose us
         self._last_loop_at = 0.0
+        self._hit_rates: dict[str, float] = {}
         self._last_outcome = "not run"
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -141,7 +145,7 @@ class ControlLoop:
         return self._token is not None and time.monotonic() < self._lease_valid_until
 
     def status(self) -> LoopStatus:
-        return LoopStatus(self.leader, self._token or 0, self._last_loop_at, self._last_outcome)
+        return LoopStatus(self.leader, self._token or 0, self._last_loop_at, self._last_outcome, dict(self._hit_rates))
 
     # ---- lifecycle
 
@@ -235,6 +239,8 @@ class ControlLoop:
         if snap.total_arrivals < cfg.min_arrivals:
             return f"skipped: {snap.total_arrivals} arrivals in the window"
         inputs = BuildInputs.from_snapshot(snap, self.replicas(), cfg.q_cap, cfg.warm_slots)
+        if cfg.prefix:
+            inputs = await self.prefix_inputs(inputs, snap, now)
 
         async def gate(plan: Plan, state: ControlState, active: Plan | None) -> tuple[Plan, "Verdict"]:
             return await self.gate_candidate(plan, state, active, now)
@@ -243,10 +249,11 @@ class ControlLoop:
             return await self.settle(plan, state, verdict, token, now)
 
         done = await propose(store, inputs, now=now, incremental=cfg.incremental, max_moves=cfg.max_moves,
-                             switching=cfg.switching, activate=activate,
+                             switching=cfg.switching, activate=activate, prefix=cfg.prefix,
                              review=gate if self.gate is not None else None)
         plan, outcome = done.plan, done.outcome
         self.counters.built(plan, done.build_seconds)
+        self._hit_rates = {k: plan.extra[k] for k in ("available_hit_rate", "achieved_hit_rate") if k in plan.extra}
         self.counters.decision(outcome.split(":", 1)[0])
         if cfg.keep_versions > 0:
             await store.prune_plans(cfg.keep_versions)
@@ -254,6 +261,19 @@ class ControlLoop:
                                           admitted=plan.admitted_keys, churn=plan.churn,
                                           imbalance=plan.predicted_imbalance, reason=plan.decision.reason))
         return outcome
+
+    async def prefix_inputs(self, inputs: BuildInputs, snap, now: float) -> BuildInputs:
+        """The window's prefix-node samples, prompt tokens and achieved hit rate, for a prefix plan."""
+        from services.core.prefixes import samples_from_counts
+
+        window = self.config.window_seconds
+        counts = await self.store.prefix_counts(now, window)
+        stats = await self.store.cache_stats(now, window)
+        prompt = sum(c.prompt_tokens for c in stats.values())
+        achieved = sum(c.cached_tokens for c in stats.values()) / prompt if prompt else None
+        arrived = math.fsum(r * m * snap.window_seconds for r, m in zip(snap.rates, snap.mean_prompt_tokens))
+        return dataclasses.replace(inputs, nodes=tuple(samples_from_counts(counts)), prompt_tokens=arrived,
+                                   achieved_hit_rate=achieved)
 
     async def settle(self, plan: Plan, state: ControlState, verdict: "Verdict | None", token: int | None,
                      now: float) -> str:

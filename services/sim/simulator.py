@@ -60,7 +60,7 @@ from services.core.plan import Plan
 from services.core.policy import ClusterState, NoHealthyReplica, Policy
 from services.core.request import Request
 
-PLANNED = frozenset({"cacheroute", "affinity", "affinity-replication"})
+PLANNED = frozenset({"cacheroute", "cacheroute-prefix", "affinity", "affinity-replication"})
 
 # plan_fn(now, keys, rates, healthy, active_plan, q_cap, warm_slots, version) -> Plan | None
 PlanFn = Callable[..., Plan | None]
@@ -215,6 +215,12 @@ class Simulator:
 
             self._history = RateHistory.seeded(config.rate_horizon, {k: r for k, r, _ in config.rate_prior},
                                                config.rate_prior_seconds)
+        self._nodes = None
+        if self.planned and getattr(policy, "prefix", False):
+            from services.core.prefixes import PrefixCounter, key_hash
+            self._nodes = PrefixCounter()
+            self._key_hash: dict[str, int] = {}
+            self._hash_fn = key_hash
         self._plan: Plan | None = None
         self._plans: list[PlanRecord] = []
         self.q_cap = config.q_cap
@@ -282,6 +288,8 @@ class Simulator:
         self._counts[q.key] += 1
         if q.key not in self._prefix:
             self._prefix[q.key] = q.prefix_tokens
+        if self._nodes is not None:
+            self._observe_nodes(q)
         try:
             r = self.policy.pick(q, self.state).replica
         except NoHealthyReplica:
@@ -311,6 +319,13 @@ class Simulator:
                     self._pending[r] = (_BOUNDARY,)
                     self._push(r, s + j * first + growth * j * (j - 1) / 2)
         self._signal(r)
+
+    def _observe_nodes(self, q: Request) -> None:
+        from services.core.prefixes import chain_ids
+        kh = self._key_hash.get(q.key)
+        if kh is None:
+            kh = self._key_hash[q.key] = self._hash_fn(q.key)
+        self._nodes.observe(kh, chain_ids(q.blocks), q.prompt_tokens)
 
     # -- control ----------------------------------------------------------------------------
 
@@ -376,10 +391,15 @@ class Simulator:
         mean_prefix = sum(self._prefix[k] * c for k, c in counts.items()) / total
         w = cfg.warm_slots or calibrate.warm_slots(cfg.profile, mean_prefix, cfg.w_safety, cfg.kv_blocks)
         version = (self._plan.version + 1) if self._plan is not None else 1
-        plan_fn = cfg.plan_fn or default_plan_fn
+        plan_fn = cfg.plan_fn or (prefix_plan_fn if self._nodes is not None else default_plan_fn)
+        more = {}
+        if self._nodes is not None:
+            more = {"nodes": self._nodes.samples(), "prompt_tokens": self._nodes.prompt_tokens,
+                    "prefix_tokens": [self._prefix[k] for k in keys]}
+            self._nodes.clear()
         plan = plan_fn(now=t, keys=keys, rates=rates, healthy=list(self.state.healthy), active=self._plan,
                        q_cap=self.q_cap, warm_slots=w, version=version, replicas=cfg.replicas,
-                       window=window)
+                       window=window, **more)
         if plan is None or plan is self._plan:
             return
         self._plan = plan
@@ -458,6 +478,17 @@ def default_plan_fn(*, now: float, keys: list[str], rates: list[float], healthy:
 
     return build_plan(keys, rates, [f"r{j}" for j in range(replicas)], q_cap, warm_slots, version=version,
                       parent=active, created_at=now, window_seconds=window)
+
+
+def prefix_plan_fn(*, now: float, keys: list[str], rates: list[float], healthy: list[bool],
+                   active: Plan | None, q_cap: float, warm_slots: int, version: int, replicas: int,
+                   window: float, nodes=(), prompt_tokens: float = 0.0, prefix_tokens=None) -> Plan:
+    """The prefix-aware, sticky plan (services.core.prefixes.build_prefix_plan) every interval."""
+    from services.core.prefixes import build_prefix_plan
+
+    return build_prefix_plan(keys, rates, [f"r{j}" for j in range(replicas)], q_cap, warm_slots,
+                             prefix_tokens=prefix_tokens, nodes=nodes, window_seconds=window, active=active,
+                             version=version, created_at=now, healthy=healthy, prompt_tokens=prompt_tokens)
 
 
 def simulate(config: SimConfig, policy: Policy, requests: Sequence[Request]) -> SimResult:
