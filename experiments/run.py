@@ -84,6 +84,9 @@ COMPARE: dict[str, list[str]] = {
     "low-reuse-32b": ["sim", "compare", "--profile", "qwen2.5-32b-fp8-h100", "--workload", "low-reuse",
                       "--policies", "flat,cacheroute", "--qps-grid", "20,40,60,80,100,120,160", "--slo-p99", "3.5",
                       *SYNTH],
+    # the same at two points only (sized for the shared machine)
+    "low-reuse-32b-2pt": ["sim", "compare", "--profile", "qwen2.5-32b-fp8-h100", "--workload", "low-reuse",
+                          "--policies", "flat,cacheroute", "--qps-grid", "60,100", "--slo-p99", "3.5", *SYNTH],
     # traces: 8B profile, 8 replicas (docs/experiments.md, experiment f, says why)
     "mooncake-conversation": ["sim", "compare", "--trace", f"{MOONCAKE}/conversation_trace.first_half.jsonl",
                               "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", TRACE_POLICIES,
