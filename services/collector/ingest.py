@@ -26,6 +26,12 @@ log = logging.getLogger("cacheroute.collector")
 
 FUTURE_SLACK_SECONDS = 60.0
 MAX_COUNT = 2**53  # beyond this a float sum of counts would lose integers
+MAX_BATCH_ID_BYTES = 128   # a batch id becomes part of a Redis key (its dedup marker) for one retention
+
+
+def batch_id_problem(batch_id: str) -> str | None:
+    size = len(batch_id.encode("utf-8", "replace"))
+    return f"batch_id is {size} bytes (max {MAX_BATCH_ID_BYTES})" if size > MAX_BATCH_ID_BYTES else None
 
 
 def arrival_problem(key: str, t: float, prompt_tokens: int, prefix_tokens: int, *, now: float,
@@ -204,6 +210,9 @@ class Ingestor:
             if tally.error is not None:
                 break
             tally.batches += 1
+            if problem := batch_id_problem(batch.batch_id):
+                self._refuse_batch(tally, batch.batch_id, len(batch.arrivals), "arrival", problem)
+                continue
             rows = [(a.key, a.time, a.prompt_tokens, a.prefix_tokens) for a in batch.arrivals]
             now = self.clock()
             good = valid_arrivals(rows, now=now, retention_seconds=retention)
@@ -225,6 +234,9 @@ class Ingestor:
             if tally.error is not None:
                 break
             tally.batches += 1
+            if problem := batch_id_problem(batch.batch_id):
+                self._refuse_batch(tally, batch.batch_id, len(batch.stats), "cache", problem)
+                continue
             good = []
             for i, s in enumerate(batch.stats):
                 problem = cache_stat_problem(s.replica_id, s.prompt_tokens, s.cached_tokens, s.requests)
@@ -237,6 +249,11 @@ class Ingestor:
                 await self._put(_Item("cache", batch.batch_id, good, tally, self.clock()))
         await tally.wait()
         return tally
+
+    def _refuse_batch(self, tally: Tally, batch_id: str, records: int, kind: str, problem: str) -> None:
+        for _ in range(records):
+            tally.reject(f"batch {_label(batch_id, tally.batches)}", problem)
+        self.counters.rejected(kind, records)
 
     async def _put(self, item: _Item) -> None:
         item.tally.pending += 1
@@ -280,7 +297,16 @@ class Ingestor:
                 self._landed(it, counted)
         for it in items:
             if it.kind == "cache":
-                self._landed(it, await self.store.record_cache_stats(it.batch_id, it.records, now=it.now))
+                done = await self.store.write_cache_stats(it.batch_id, it.records, now=it.now)
+                if done.refused:
+                    refused = set(done.refused)
+                    for i, record in enumerate(it.records):
+                        if record.replica_id in refused:
+                            it.tally.reject(f"batch {_label(it.batch_id, 0)} stat {i}",
+                                            f"lifetime counters of replica {record.replica_id[:64]} would pass 2^62")
+                    self.counters.rejected("cache", sum(r.replica_id in refused for r in it.records))
+                    it.records = [r for r in it.records if r.replica_id not in refused]
+                self._landed(it, done.counted)
             elif it.kind == "prefix":
                 await self.store.record_prefix_counts(it.batch_id, it.records)   # tallied with its arrivals
 

@@ -29,6 +29,7 @@ from services.model import (
     ArrivalRecord,
     CacheCounters,
     CacheStatRecord,
+    CacheStatsWrite,
     ControlState,
     HistoryEntry,
     LeaseInfo,
@@ -109,10 +110,16 @@ class Store(abc.ABC):
     async def record_arrival_batches(self, batches: Sequence[tuple[str, Sequence[ArrivalRecord]]]) -> list[bool]:
         """`record_arrivals` for several batches in one round trip; one flag per batch."""
 
-    @abc.abstractmethod
     async def record_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *, now: float) -> bool:
         """Add per-replica deltas to the bucket of `now` and to the running totals. Same
-        idempotency rule as `record_arrivals`."""
+        idempotency rule as `record_arrivals`. (`write_cache_stats` also says what was refused.)"""
+        return (await self.write_cache_stats(batch_id, stats, now=now)).counted
+
+    @abc.abstractmethod
+    async def write_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *, now: float) -> CacheStatsWrite:
+        """`record_cache_stats`, with partial acceptance: a replica whose lifetime totals would
+        pass CACHE_COUNTER_LIMIT (2**62) has all its records of the batch refused (named in
+        `refused`), the other replicas' records are counted; nothing overflows int64."""
 
     @abc.abstractmethod
     async def window_rates(self, now: float, window_seconds: float) -> RatesSnapshot:
