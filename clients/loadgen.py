@@ -114,9 +114,11 @@ def spread_clients(dispatchers: Sequence[str], **kwargs: Any) -> list[AsyncCache
 
 async def drive(clients: Sequence[AsyncCacheRouteClient], requests: Sequence[Request], *, max_tokens: int = 16,
                 concurrency: int = 256, timeout: float = 60.0,
-                on_result: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+                on_result: Callable[[Outcome], None] | None = None, send=None) -> list[Outcome]:
     """Send every request at its arrival time, request i through clients[i % len(clients)];
-    outcomes in completion order."""
+    outcomes in completion order. `send` is how one request goes out (default `send_one`,
+    gRPC Generate; clients.httpload.http_send_one for the OpenAI HTTP API)."""
+    send = send or send_one
     if concurrency < 1 or not clients:
         raise ValueError("need concurrency >= 1 and at least one client")
     slots = asyncio.Semaphore(concurrency)
@@ -126,7 +128,7 @@ async def drive(clients: Sequence[AsyncCacheRouteClient], requests: Sequence[Req
 
     async def one(client: AsyncCacheRouteClient, r: Request, late: float) -> None:
         try:
-            outcome = await send_one(client, r, max_tokens=max_tokens, late=late, timeout=timeout)
+            outcome = await send(client, r, max_tokens=max_tokens, late=late, timeout=timeout)
         finally:
             slots.release()
         outcomes.append(outcome)

@@ -13,11 +13,13 @@ build inputs go in PlanInputs. `extra` has no wire field and is dropped; `churn`
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import orjson
 
 from cacheroute.v1 import common_pb2
@@ -77,8 +79,8 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
         raise ValueError(f"unsupported plan format {data.get('format')!r}, expected {FORMAT!r}")
     try:
         replica_ids = tuple(str(r) for r in data["replicas"])
-        table = {str(k): tuple(int(i) for i in row) for k, row in data["table"].items()}
-        rates = {str(k): float(v) for k, v in data.get("rates", {}).items()}
+        table = _table_from(data["table"])
+        rates = _rates_from(data.get("rates", {}))
         plan = Plan(
             version=int(data["version"]),
             parent_version=int(data.get("parent_version", 0)),
@@ -109,6 +111,24 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
     return plan
 
 
+def _table_from(raw: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """JSON table -> key: tuple of ints. A million rows: the rows are taken as they are when
+    numpy sees only integers in them (orjson's usual output), else converted one by one."""
+    rows = list(raw.values())
+    if set(map(type, rows)) <= {list} and set(map(type, raw)) <= {str}:
+        flat = list(itertools.chain.from_iterable(rows))
+        if not flat or np.array(flat).dtype.kind in "iu":
+            return dict(zip(raw, map(tuple, rows)))
+    return {str(k): tuple(int(i) for i in row) for k, row in raw.items()}
+
+
+def _rates_from(raw: Mapping[str, Any]) -> dict[str, float]:
+    values = list(raw.values())
+    if set(map(type, raw)) <= {str} and (not values or np.array(values).dtype.kind == "f"):
+        return dict(raw)
+    return {str(k): float(v) for k, v in raw.items()}
+
+
 def check_plan(plan: Plan) -> None:
     """Structural checks a decoded plan must pass (ValueError, one line)."""
     n = len(plan.replica_ids)
@@ -118,7 +138,14 @@ def check_plan(plan: Plan) -> None:
         raise ValueError("plan has duplicate replica ids")
     if len(plan.expected_load) != n:
         raise ValueError(f"plan has {len(plan.expected_load)} expected loads for {n} replicas")
-    for key, row in plan.table.items():
+    # vectorised over the table (a million rows); the slow scan below only names the culprit
+    rows = list(plan.table.values())
+    lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lens.sum()))
+    multi = np.flatnonzero(lens > 1).tolist()
+    bad = bool(lens.size and lens.min() < 1) or bool(flat.size and (flat.min() < 0 or flat.max() >= n)) or \
+        any(len(set(rows[i])) != len(rows[i]) for i in multi)
+    for key, row in (plan.table.items() if bad else ()):
         if not row or len(set(row)) != len(row) or not all(0 <= i < n for i in row):
             raise ValueError(f"plan row for key {key!r} is not a set of distinct replica indices < {n}: {list(row)}")
     if set(plan.rates) - set(plan.table):
@@ -202,8 +229,10 @@ def plan_to_proto(plan: Plan) -> common_pb2.Plan:
 
 def plan_from_proto(msg: common_pb2.Plan) -> Plan:
     """Decode; ValueError (one line) when the message is not a valid plan."""
-    table = {entry.key: tuple(entry.replicas) for entry in msg.table}
-    if len(table) != len(msg.table):
+    entries = msg.table
+    keys = [e.key for e in entries]
+    table = dict(zip(keys, (tuple(e.replicas) for e in entries)))
+    if len(table) != len(entries):
         raise ValueError("plan message repeats a key")
     plan = Plan(
         version=msg.version,
@@ -213,7 +242,7 @@ def plan_from_proto(msg: common_pb2.Plan) -> Plan:
         q_cap=msg.inputs.q_cap,
         warm_slots=msg.inputs.warm_slots,
         table=table,
-        rates={entry.key: entry.rate for entry in msg.table},
+        rates=dict(zip(keys, (e.rate for e in entries))),
         expected_load=tuple(msg.expected_load),
         predicted_imbalance=msg.predicted_imbalance,
         total_keys=msg.total_keys,

@@ -4,9 +4,15 @@ end-to-end test run.
 Topology (one process each, `sys.executable -m services.<name>`, all on loopback):
   redis-server (embedded, services.localredis) or an existing one (`redis_url`)
   collector                      -> Redis
-  engine-1..N                    -> collector (cache stats)
+  engine-1..N                    -> collector (cache stats); simulated engines, or real llama.cpp
+                                    replicas (`llamacpp_model`: services.engine.llamacpp), or none
+                                    when `engine_urls` names engines that already run
   planner                        -> Redis, engines (health checks for failure repair)
   dispatcher-1..M                -> engines, planner (WatchPlans), Redis (fallback), collector
+
+HTTP. Dispatchers serve the OpenAI HTTP API and simulated engines their own (`http`, default
+on, ephemeral ports, read from the "http serving" log line). With `engine_kind` other than
+cacheroute the dispatchers reach the engines over HTTP (`id=KIND+URL` replicas).
 
 Ports. Every service binds port 0 (and metrics port 0) and logs its bound address in the
 "serving" line that `services.rpc.start_server` writes; the stack reads that line from
@@ -56,6 +62,8 @@ SERVICE_NAMES = {
     "dispatcher": "cacheroute.v1.Dispatcher",
 }
 
+MODULES = {"llamacpp": "services.engine.llamacpp"}   # children whose module is not services.<kind>
+
 
 class StackError(RuntimeError):
     """The stack could not be started (a child exited or never became SERVING)."""
@@ -65,6 +73,7 @@ class StackError(RuntimeError):
 class StackConfig:
     engines: int = 4
     dispatchers: int = 2
+    dispatcher_workers: int = 1           # worker processes per dispatcher (--workers; 0 = one per core)
     profile: str = "llama3-8b-h100"
     time_scale: float = 1.0
     kv_blocks: int | None = None          # None: the profile's
@@ -84,15 +93,34 @@ class StackConfig:
     start_timeout: float = 60.0           # per tier
     stop_timeout: float = 5.0             # beyond the grace, before SIGKILL
     seed: int | None = None               # dispatchers' P2C seeds (seed + i)
+    http: bool = True                     # OpenAI HTTP API on dispatchers and simulated engines
+    engine_kind: str = "cacheroute"       # how dispatchers reach engines (services.backends kinds)
+    engine_urls: tuple[str, ...] = ()     # engines already running: start none, front these
+    llamacpp_model: str | None = None     # start real llama.cpp replicas with this GGUF
+    llamacpp_threads: int = 1
+    llamacpp_ctx: int = 4096
+    llamacpp_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.engines < 1 or self.dispatchers < 1:
             raise ValueError("a stack needs at least one engine and one dispatcher")
+        if self.dispatcher_workers < 0:
+            raise ValueError("dispatcher_workers must be >= 0 (0 = one per core)")
         for name in ("time_scale", "planner_interval", "window_seconds", "bucket_seconds", "q_cap"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         if self.warm_slots < 1:
             raise ValueError("warm_slots must be >= 1")
+        from services.backends import KINDS
+
+        if self.engine_kind not in KINDS:
+            raise ValueError(f"engine_kind must be one of {', '.join(KINDS)}")
+        if self.llamacpp_model and self.engine_kind != "llamacpp":
+            raise ValueError("llamacpp_model needs engine_kind llamacpp")
+        if self.engine_kind == "llamacpp" and not (self.llamacpp_model or self.engine_urls):
+            raise ValueError("engine kind llamacpp: give the GGUF model to start replicas, or engine URLs")
+        if self.engine_urls and self.engine_kind == "cacheroute" and any("://" in u for u in self.engine_urls):
+            raise ValueError("engine URLs need an HTTP engine kind (vllm, sglang, llamacpp, openai)")
         if self.log_level.upper() not in ("DEBUG", "INFO"):
             raise ValueError("log_level must be DEBUG or INFO (the stack reads the 'serving' log line)")
 
@@ -108,13 +136,15 @@ class Child:
     proc: subprocess.Popen | None = None
     address: str = ""
     metrics_port: int | None = None
+    http_url: str = ""             # its HTTP API ("http serving" line), when it has one
+    expect_http: bool = False
     stopping: bool = False
     exit_reported: bool = False
     _log_offset: int = 0
 
     @property
     def service(self) -> str:
-        return SERVICE_NAMES[self.kind]
+        return SERVICE_NAMES.get(self.kind, "")
 
     @property
     def returncode(self) -> int | None:
@@ -128,8 +158,9 @@ class Child:
         return "\n".join(text.strip().splitlines()[-lines:])
 
     def read_bound_address(self) -> bool:
-        """Scan new log output for the 'serving' line; True once the address is known."""
-        if self.address:
+        """Scan new log output for the 'serving' line (and the 'http serving' line when the child
+        has an HTTP API); True once the addresses are known."""
+        if self.address and (self.http_url or not self.expect_http):
             return True
         try:
             with open(self.log_path, "rb") as fh:
@@ -144,8 +175,12 @@ class Child:
             if doc is not None:
                 self.address = doc["address"]
                 self.metrics_port = doc.get("metrics_port")
-                return True
-        return False
+            url = parse_http_line(line)
+            if url is not None:
+                self.http_url = url
+                if not self.service:          # an HTTP-only child (llama.cpp): its URL is its address
+                    self.address = url
+        return bool(self.address and (self.http_url or not self.expect_http))
 
 
 def parse_serving_line(line: bytes) -> dict[str, Any] | None:
@@ -159,6 +194,31 @@ def parse_serving_line(line: bytes) -> dict[str, Any] | None:
     if isinstance(doc, dict) and doc.get("msg") == "serving" and isinstance(doc.get("address"), str):
         return doc
     return None
+
+
+def parse_http_line(line: bytes) -> str | None:
+    """The URL of services.httpserver's "http serving" log line, or None for any other line."""
+    if b'"http serving"' not in line:
+        return None
+    try:
+        doc = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(doc, dict) and doc.get("msg") == "http serving" and isinstance(doc.get("url"), str):
+        return doc["url"]
+    return None
+
+
+def http_ready(url: str, timeout: float = 1.0) -> bool:
+    """True if `GET url/health` answers 2xx."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as resp:
+            return 200 <= resp.status < 300
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def _launcher() -> list[str]:
@@ -208,14 +268,36 @@ class Stack:
 
     @property
     def engines(self) -> dict[str, str]:
-        return {c.name: c.address for c in self.of_kind("engine")}
+        """Replica id -> the address dispatchers and the planner use (`KIND+URL` for HTTP kinds)."""
+        kind = self.config.engine_kind
+        if self.config.engine_urls:
+            return {f"engine-{i}": (url if "+" in url.split("://")[0] else f"{kind}+{url}")
+                    for i, url in enumerate(self.config.engine_urls, 1)}
+        out = {}
+        for c in self.of_kind("engine") + self.of_kind("llamacpp"):
+            out[c.name] = c.address if kind == "cacheroute" else f"{kind}+{c.http_url}"
+        return out
+
+    @property
+    def http(self) -> list[str]:
+        """The dispatchers' OpenAI HTTP API base URLs."""
+        return [c.http_url for c in self.of_kind("dispatcher") if c.http_url]
+
+    @property
+    def engines_http(self) -> list[str]:
+        """The engines' own HTTP API base URLs (simulated, llama.cpp, or the given ones)."""
+        if self.config.engine_urls:
+            return [url.split("+", 1)[1] if "+" in url.split("://")[0] else url for url in self.config.engine_urls]
+        return [c.http_url for c in self.of_kind("engine") + self.of_kind("llamacpp") if c.http_url]
 
     def describe(self) -> dict[str, Any]:
         """Addresses, metrics ports, pids and log files, for `cacheroute up --json`."""
-        services = [{"name": c.name, "kind": c.kind, "address": c.address, "metrics_port": c.metrics_port,
+        services = [{"name": c.name, "kind": c.kind, "address": c.address, "http": c.http_url or None,
+                     "metrics_port": c.metrics_port,
                      "pid": c.proc.pid if c.proc else None, "log": str(c.log_path)} for c in self.children]
         return {"redis": self.redis_url, "redis_embedded": self.redis is not None, "log_dir": str(self.log_dir),
                 "planner": self.planner, "collector": self.collector, "dispatchers": self.dispatchers,
+                "http": self.http, "engines_http": self.engines_http, "engine_kind": self.config.engine_kind,
                 "services": services}
 
     # ------------------------------------------------------------ start
@@ -228,7 +310,10 @@ class Stack:
                 self.redis = RedisProcess(host=self.config.host).start()
                 self.redis_url = self.redis.url
             self._start_tier([self._collector()])
-            self._start_tier([self._engine(i) for i in range(1, self.config.engines + 1)])
+            if self.config.llamacpp_model:
+                self._start_tier([self._llamacpp(i) for i in range(1, self.config.engines + 1)])
+            elif not self.config.engine_urls:
+                self._start_tier([self._engine(i) for i in range(1, self.config.engines + 1)])
             self._start_tier([self._planner()])
             self._start_tier([self._dispatcher(i) for i in range(1, self.config.dispatchers + 1)])
         except BaseException:
@@ -247,7 +332,9 @@ class Stack:
                 if child.returncode is not None:
                     raise StackError(f"{child.name} exited with code {child.returncode} while starting; "
                                      f"log {child.log_path}:\n{child.log_tail()}")
-                if child.read_bound_address() and is_serving(child.address, child.service, timeout=1.0):
+                if child.read_bound_address() and (
+                        is_serving(child.address, child.service, timeout=1.0) if child.service
+                        else http_ready(child.http_url)):
                     waiting.remove(child)
             if waiting and time.monotonic() > deadline:
                 names = ", ".join(c.name for c in waiting)
@@ -258,7 +345,8 @@ class Stack:
     def _spawn(self, child: Child) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(child.log_path, "ab") as log:
-            child.proc = subprocess.Popen([*self._launcher, sys.executable, "-m", f"services.{child.kind}", *child.args],
+            module = MODULES.get(child.kind, f"services.{child.kind}")
+            child.proc = subprocess.Popen([*self._launcher, sys.executable, "-m", module, *child.args],
                                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                           start_new_session=True)
 
@@ -294,11 +382,26 @@ class Stack:
 
     def _engine(self, i: int) -> Child:
         cfg = self.config
-        args = ["--replica-id", f"engine-{i}", "--profile", cfg.profile, "--time-scale", f"{cfg.time_scale:g}",
-                "--collector", self.collector]
+        args = ["--replica-id", f"engine-{i}", "--profile", cfg.profile, "--time-scale", f"{cfg.time_scale:g}"]
+        if cfg.engine_kind == "cacheroute":
+            # over HTTP the dispatchers report cache stats from the responses; the engine must not as well
+            args += ["--collector", self.collector]
         if cfg.kv_blocks:
             args += ["--kv-blocks", str(cfg.kv_blocks)]
-        return self._new_child(f"engine-{i}", "engine", args)
+        if cfg.http:
+            args += ["--http-port", "0"]
+        child = self._new_child(f"engine-{i}", "engine", args)
+        child.expect_http = cfg.http
+        return child
+
+    def _llamacpp(self, i: int) -> Child:
+        cfg = self.config
+        path = self.log_dir / f"engine-{i}.log"
+        path.write_bytes(b"")
+        args = ["--model", str(cfg.llamacpp_model), "--host", cfg.host, "--port", "0",
+                "--threads", str(cfg.llamacpp_threads), "--ctx", str(cfg.llamacpp_ctx),
+                "--parallel", str(cfg.llamacpp_parallel), "--log-level", cfg.log_level.upper()]
+        return Child(f"engine-{i}", "llamacpp", args, path, expect_http=True)
 
     def _dispatcher(self, i: int) -> Child:
         cfg = self.config
@@ -307,7 +410,12 @@ class Stack:
                 "--collector", self.collector, "--dispatcher-id", f"dispatcher-{i}"]
         if cfg.seed is not None:
             args += ["--seed", str(cfg.seed + i)]
-        return self._new_child(f"dispatcher-{i}", "dispatcher", args)
+        args += ["--http-port", "0" if cfg.http else "-1"]
+        if cfg.dispatcher_workers != 1:
+            args += ["--workers", str(cfg.dispatcher_workers)]
+        child = self._new_child(f"dispatcher-{i}", "dispatcher", args)
+        child.expect_http = cfg.http
+        return child
 
     # ------------------------------------------------------------ watch and stop
 

@@ -24,3 +24,20 @@ def redis_url(redis_server):
     client.flushall()
     client.close()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """One private Redis Cluster for the session: 3 masters + 3 replicas on loopback
+    (services.localcluster). Tests that kill nodes start their own."""
+    from services.localcluster import RedisClusterProcess
+
+    with RedisClusterProcess(masters=3, replicas=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster):
+    """The session cluster, flushed: a `redis+cluster://host:port,...` URL."""
+    redis_cluster.flushall()
+    return redis_cluster.url

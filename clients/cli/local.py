@@ -55,6 +55,9 @@ def add_stack_flags(p: argparse.ArgumentParser, *, interval: float) -> None:
     g.add_argument("--num-engines", type=int, default=DEFAULTS.engines, help=f"engine replicas (default {DEFAULTS.engines})")
     g.add_argument("--num-dispatchers", type=int, default=DEFAULTS.dispatchers,
                    help=f"dispatchers (default {DEFAULTS.dispatchers})")
+    g.add_argument("--dispatcher-workers", type=int, default=DEFAULTS.dispatcher_workers,
+                   help="worker processes per dispatcher sharing its ports, 0 = one per core "
+                        f"(default {DEFAULTS.dispatcher_workers})")
     g.add_argument("--profile", default=DEFAULTS.profile, help=f"engine profile (default {DEFAULTS.profile})")
     g.add_argument("--time-scale", type=float, default=DEFAULTS.time_scale,
                    help="engines' wall seconds per model second (default 1; < 1 runs faster, costs more CPU)")
@@ -71,15 +74,49 @@ def add_stack_flags(p: argparse.ArgumentParser, *, interval: float) -> None:
     g.add_argument("--redis", default=None, help="use this Redis URL instead of starting redis-server")
     g.add_argument("--log-dir", default=None, help="children's log files (default: a new temporary directory)")
     g.add_argument("--seed", type=int, default=None, help="dispatchers' P2C seed")
+    e = p.add_argument_group("engines (default: simulated replicas)")
+    e.add_argument("--engines", default=None,
+                   help="front engines that already run: URL[,URL...] (e.g. http://10.0.0.5:8000, or "
+                        "vllm+http://... per engine); no engines are started")
+    e.add_argument("--engine-kind", default=DEFAULTS.engine_kind,
+                   choices=("cacheroute", "vllm", "sglang", "llamacpp", "openai"),
+                   help="kind of --engines (and of started replicas: llamacpp starts real llama.cpp "
+                        "replicas with --model; vllm routes to simulated ones over their HTTP API); "
+                        "default cacheroute (simulated engines over gRPC)")
+    e.add_argument("--model", default=None, help="GGUF file for --engine-kind llamacpp replicas")
+    e.add_argument("--llamacpp-threads", type=int, default=DEFAULTS.llamacpp_threads,
+                   help=f"CPU threads per llama.cpp replica (default {DEFAULTS.llamacpp_threads})")
+    e.add_argument("--llamacpp-ctx", type=int, default=DEFAULTS.llamacpp_ctx,
+                   help=f"context tokens per llama.cpp replica (default {DEFAULTS.llamacpp_ctx})")
+    e.add_argument("--llamacpp-parallel", type=int, default=DEFAULTS.llamacpp_parallel,
+                   help=f"slots per llama.cpp replica, each with its own prompt cache (default {DEFAULTS.llamacpp_parallel})")
 
 
 def stack_config(args: argparse.Namespace, default_knobs: str = "") -> StackConfig:
+    urls = tuple(u.strip() for u in (args.engines or "").split(",") if u.strip())
+    if args.model and args.engine_kind != "llamacpp":
+        raise CliError("--model needs --engine-kind llamacpp")
+    if args.engine_kind == "llamacpp" and not (args.model or urls):
+        raise CliError("--engine-kind llamacpp: give --model PATH (a GGUF file) to start replicas, or --engines URL,...")
+    if args.model:
+        import os
+
+        if not os.path.isfile(args.model):
+            raise CliError(f"--model: no file at {args.model}")
+        try:
+            import xllamacpp  # noqa: F401
+        except ImportError:
+            raise CliError("--engine-kind llamacpp needs xllamacpp: pip install 'cacheroute[llamacpp]'") from None
     try:
-        return StackConfig(engines=args.num_engines, dispatchers=args.num_dispatchers, profile=args.profile,
+        return StackConfig(engines=len(urls) or args.num_engines, dispatchers=args.num_dispatchers,
+                           dispatcher_workers=args.dispatcher_workers, profile=args.profile,
                            time_scale=args.time_scale, kv_blocks=args.kv_blocks, planner_interval=args.interval,
                            window_seconds=args.window, q_cap=args.q_cap, warm_slots=args.warm_slots,
                            redis_url=args.redis, log_dir=args.log_dir, seed=args.seed,
-                           switch_knobs=args.switch_knobs if args.switch_knobs is not None else default_knobs)
+                           switch_knobs=args.switch_knobs if args.switch_knobs is not None else default_knobs,
+                           engine_kind=args.engine_kind, engine_urls=urls, llamacpp_model=args.model,
+                           llamacpp_threads=args.llamacpp_threads, llamacpp_ctx=args.llamacpp_ctx,
+                           llamacpp_parallel=args.llamacpp_parallel)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -130,15 +167,22 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def address_table(doc: dict[str, Any]) -> str:
-    rows = [("service", "address", "metrics", "log")]
-    rows.append(("redis", doc["redis"], "", "(embedded)" if doc["redis_embedded"] else "(external)"))
+    rows = [("service", "address", "http", "metrics", "log")]
+    rows.append(("redis", doc["redis"], "", "", "(embedded)" if doc["redis_embedded"] else "(external)"))
     for s in doc["services"]:
         metrics = f"{s['address'].rsplit(':', 1)[0]}:{s['metrics_port']}" if s["metrics_port"] else ""
-        rows.append((s["name"], s["address"], metrics, s["log"]))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows]
+        http = s.get("http") or ""
+        rows.append((s["name"], "" if s["address"] == http else s["address"], http, metrics, s["log"]))
+    if doc.get("engine_kind", "cacheroute") != "cacheroute" and not any(s["kind"] in ("engine", "llamacpp")
+                                                                        for s in doc["services"]):
+        for url in doc.get("engines_http", []):
+            rows.append(("engine (external)", "", url, "", doc["engine_kind"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
     env_line = (f"\nexport CACHEROUTE_PLANNER={doc['planner']} CACHEROUTE_DISPATCHERS={','.join(doc['dispatchers'])} "
                 f"CACHEROUTE_DISPATCHER={doc['dispatchers'][0]} CACHEROUTE_COLLECTOR={doc['collector']}")
+    if doc.get("http"):
+        env_line += f"\nexport OPENAI_BASE_URL={doc['http'][0]}/v1   # the OpenAI HTTP API (any dispatcher)"
     return "\n".join(lines) + "\n" + env_line
 
 
@@ -161,7 +205,12 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     ext.add_argument("--dispatchers", default=None, help="comma-separated dispatcher addresses (skips starting a stack)")
     ext.add_argument("--planner", default=env("PLANNER", "127.0.0.1:50051"),
                      help="planner address with --dispatchers (env CACHEROUTE_PLANNER, default 127.0.0.1:50051)")
+    ext.add_argument("--http-urls", default=None,
+                     help="with --dispatchers and --http: the dispatchers' HTTP API base URLs, comma-separated")
     add_stack_flags(p, interval=10.0)
+    p.add_argument("--http", action="store_true",
+                   help="drive the traffic through the dispatchers' OpenAI HTTP API with the openai SDK "
+                        "(streamed /v1/completions) instead of gRPC Generate")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_demo)
@@ -193,15 +242,24 @@ def run_demo(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM unwinds like Ctrl-C
     stack: Stack | None = None
     try:
+        if args.http:
+            try:
+                import openai  # noqa: F401
+            except ImportError:
+                raise CliError("--http needs the openai SDK: pip install openai") from None
         if args.dispatchers:
             dispatchers = [a.strip() for a in args.dispatchers.split(",") if a.strip()]
             planner = args.planner
+            http_urls = [u.strip() for u in (args.http_urls or "").split(",") if u.strip()]
+            if args.http and not http_urls:
+                raise CliError("--http with --dispatchers needs --http-urls")
         else:
             # a demo lasts a minute or two: let the planner switch as often as its loop runs
             stack = start_stack(stack_config(args, default_knobs=f"min_dwell_seconds={args.interval:g}"))
-            dispatchers, planner = stack.dispatchers, stack.planner
+            dispatchers, planner, http_urls = stack.dispatchers, stack.planner, stack.http
         demo = Demo(dispatchers, planner, token, warmup=args.warmup, max_tokens=args.max_tokens,
-                    concurrency=args.concurrency, progress=not args.no_progress)
+                    concurrency=args.concurrency, progress=not args.no_progress,
+                    http_urls=http_urls if args.http else None)
         result = asyncio.run(demo.run(runs))
     finally:
         if stack is not None:
@@ -219,8 +277,9 @@ class Demo:
     """The demo's phases against running dispatchers and a planner."""
 
     def __init__(self, dispatchers: Sequence[str], planner: str, token: str | None, *, warmup: float,
-                 max_tokens: int, concurrency: int, progress: bool) -> None:
+                 max_tokens: int, concurrency: int, progress: bool, http_urls: Sequence[str] | None = None) -> None:
         self.dispatchers = list(dispatchers)
+        self.http_urls = list(http_urls) if http_urls else None
         self.planner = planner
         self.token = token
         self.warmup = warmup
@@ -230,7 +289,12 @@ class Demo:
         self.notes: list[str] = []
 
     async def run(self, runs: dict[str, list[Request]]) -> dict[str, Any]:
-        clients = spread_clients(self.dispatchers, token=self.token)
+        if self.http_urls:
+            from clients.httpload import http_clients
+
+            clients = http_clients(self.http_urls, token=self.token)
+        else:
+            clients = spread_clients(self.dispatchers, token=self.token)
         control = AsyncCacheRouteClient(self.dispatchers, planner=self.planner, token=self.token, timeout=5.0)
         try:
             status = await control.planner_status()
@@ -246,7 +310,8 @@ class Demo:
             for client in (*clients, control):
                 await client.close()
         return {"dispatchers": self.dispatchers, "planner": self.planner, "warmup_seconds": self.warmup,
-                "max_tokens": self.max_tokens, "modes": modes, "notes": self.notes}
+                "max_tokens": self.max_tokens, "modes": modes, "notes": self.notes,
+                "via": "http" if self.http_urls else "grpc", "http": self.http_urls or []}
 
     async def _phase(self, mode: str, requests: list[Request], clients, control) -> dict[str, Any]:
         warm = window(requests, 0.0, self.warmup)
@@ -313,8 +378,11 @@ class Demo:
                 bar.set_postfix_str(f"hit {hit:.1%} errors {stats['errors']}", refresh=False)
 
         try:
+            send = None
+            if self.http_urls:
+                from clients.httpload import http_send_one as send
             return await drive(clients, requests, max_tokens=self.max_tokens, concurrency=self.concurrency,
-                               on_result=on_result)
+                               on_result=on_result, send=send)
         finally:
             if bar is not None:
                 bar.close()
@@ -343,8 +411,10 @@ def summary_table(result: dict[str, Any]) -> str:
     width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, width))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
+    ttft = ("TTFT is the client's wall time through the OpenAI HTTP API" if result.get("via") == "http"
+            else "TTFT is the engines' (model seconds)")
     header = (f"CacheRoute demo: measured after a {result['warmup_seconds']:g}s warm-up per mode, "
-              f"{result['max_tokens']} output tokens max; TTFT is the engines' (model seconds)")
+              f"{result['max_tokens']} output tokens max; {ttft}")
     return "\n".join([header, *result["notes"], "", *lines])
 
 

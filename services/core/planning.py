@@ -393,7 +393,16 @@ def plan_diff(old: Plan, new: Plan) -> PlanDiff:
     moves: list[KeyMove] = []
     kept = moved = added = 0
     moved_parts: list[float] = []
+    # same replica list (the normal case): rows of indices compare directly, names only for
+    # the keys that differ (a million-key plan is mostly kept keys)
+    same_ids = old.replica_ids == new.replica_ids
+    old_table, new_table = old.table, new.table
     for key, rate in new.rates.items():
+        if same_ids:
+            a, b = old_table.get(key), new_table.get(key)
+            if a is not None and b is not None and (a == b or sorted(a) == sorted(b)):
+                kept += 1
+                continue
         before = replica_names(old, key)
         after = replica_names(new, key)
         if before == after:

@@ -153,8 +153,16 @@ def rewarm_penalty(active: Plan, candidate: Plan, rates: Mapping[str, float],
     """Prefill seconds spent once warming the candidate's new key owners."""
     tokens = _tokens(prefix_tokens, config)
     parts = []
+    same_ids = active.replica_ids == candidate.replica_ids
+    before_table = active.table
     for key, row in candidate.table.items():
-        new_owners = len(set(replica_names(candidate, key)) - set(replica_names(active, key)))
+        if same_ids:   # indices name the same replicas: compare rows directly
+            before = before_table.get(key)
+            if before is not None and (before == row or set(row) <= set(before)):
+                continue
+            new_owners = len(set(row) - set(before or ()))
+        else:
+            new_owners = len(set(replica_names(candidate, key)) - set(replica_names(active, key)))
         if new_owners:
             moved_rate = rates.get(key, 0.0) * new_owners / len(row)
             parts.append(tokens(key) * (new_owners + moved_rate * config.rewarm_seconds))
@@ -167,7 +175,9 @@ def decide_switch(active: Plan | None, candidate: Plan, rates: Mapping[str, floa
     """Keep or switch (module header); the figures and a one-line reason go into the decision."""
     if active is None:
         return SwitchDecision(True, "no active plan", churn=1.0)
-    churn = plan_diff(active, candidate).churn
+    # a candidate built from `active` already carries plan_diff(active, candidate).churn
+    churn = (candidate.churn if candidate.churn is not None and candidate.parent_version == active.version
+             else plan_diff(active, candidate).churn)
     stale = staleness_penalty(active, candidate, rates, prefix_tokens, config)
     rewarm = rewarm_penalty(active, candidate, rates, prefix_tokens, config)
 

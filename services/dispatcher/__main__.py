@@ -27,19 +27,36 @@ Environment variables (flags override them):
                                             With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
                                             Route, RouteBatch and Generate require one of them; GetStatus stays open.
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
+  CACHEROUTE_WORKERS (1)                    worker processes sharing the ports (SO_REUSEPORT), 0 = one per
+                                            core; > 1 runs a supervisor (services/dispatcher/workers.py) whose
+                                            metrics port serves every worker's metrics, labelled worker="I"
+  CACHEROUTE_ENGINE_KIND (cacheroute)       kind of replicas given without KIND+ (services/backends):
+                                            cacheroute (gRPC engine), vllm, sglang, llamacpp, openai;
+                                            per replica: id=KIND+URL (e.g. e1=vllm+http://10.0.0.5:8000)
+OpenAI HTTP API (services/dispatcher/http.py):
+  CACHEROUTE_HTTP_PORT (8080)               port, -1 off, 0 ephemeral (host: --host); it accepts the same
+                                            keys as the gRPC data plane (CACHEROUTE_API_KEY above)
+  CACHEROUTE_HTTP_MAX_BODY_BYTES (8388608)  larger request bodies are 413
+  CACHEROUTE_MAX_OUTPUT_TOKENS (32768)      larger max_tokens is 400
+  CACHEROUTE_UPSTREAM_TIMEOUT (600)         seconds without a byte from the engine -> 504
+  CACHEROUTE_EJECT_SECONDS (5)              a replica that answered 5xx / timed out stays out this long
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from services.auth import keyring
+from services.backends import KINDS, parse_endpoint
+from services.dispatcher.http import HttpConfig
 from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.budget import BudgetConfig
 from services.dispatcher.servicer import KeyRules
+from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
-from services.rpc import add_server_flags, env, env_number, run_service, server_config
+from services.rpc import add_server_flags, env, env_number, run_service, server_config, setup_logging
 
 
 def parse_args(argv: list[str] | None) -> DispatcherConfig:
@@ -70,9 +87,25 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--api-key", default=env("API_KEY") or None, help="accepted API key (env CACHEROUTE_API_KEY)")
     g.add_argument("--api-key-file", default=env("API_KEY_FILE") or None,
                    help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
+    g.add_argument("--engine-kind", default=env("ENGINE_KIND", "cacheroute"), choices=KINDS,
+                   help="kind of replicas given without KIND+ (env CACHEROUTE_ENGINE_KIND, default cacheroute)")
+    g.add_argument("--workers", type=int, default=env_number("WORKERS", "1", int),
+                   help="worker processes sharing the ports, 0 = one per core (env CACHEROUTE_WORKERS, default 1)")
+    g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)   # set by the supervisor
+    h = parser.add_argument_group("OpenAI HTTP API")
+    h.add_argument("--http-port", type=int, default=env_number("HTTP_PORT", "8080", int),
+                   help="-1 = off, 0 = ephemeral (env CACHEROUTE_HTTP_PORT, default 8080)")
+    h.add_argument("--http-max-body-bytes", type=int, default=env_number("HTTP_MAX_BODY_BYTES", str(8 * 1024 * 1024), int))
+    h.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "32768", int))
+    h.add_argument("--upstream-timeout", type=float, default=env_number("UPSTREAM_TIMEOUT", "600", float))
+    h.add_argument("--eject-seconds", type=float, default=env_number("EJECT_SECONDS", "5", float))
     args = parser.parse_args(argv)
+    if args.workers < 0:
+        parser.error("--workers must be >= 0 (0 = one per core)")
     try:
         replicas = parse_replicas(args.replicas or "", need_address=True)
+        for replica in replicas:
+            parse_endpoint(replica.address, args.engine_kind)
     except ValueError as exc:
         parser.error(f"--replicas: {exc}")
     if args.key_blocks < 1 or args.key_tokens < 1:
@@ -88,17 +121,37 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         ring = keyring(args.api_key, args.api_key_file, server.auth_token)
     except (OSError, ValueError) as exc:
         parser.error(f"--api-key-file: {exc}")
+    http = HttpConfig(host=args.host, port=args.http_port, max_body_bytes=args.http_max_body_bytes,
+                      max_output_tokens=args.max_output_tokens, upstream_timeout=args.upstream_timeout,
+                      eject_seconds=args.eject_seconds, key_tokens=args.key_tokens)
+    if args.worker_index is not None:   # one of several workers on shared ports
+        server = dataclasses.replace(server, reuse_port=True, announce="worker serving")
+        http = dataclasses.replace(http, reuse_port=True)
     return DispatcherConfig(
+        workers=resolve_workers(args.workers), worker_index=args.worker_index,
         server=server, replicas=replicas, dispatcher_id=args.dispatcher_id,
         planner=args.planner, redis_url=args.redis, collector=args.collector,
         rules=KeyRules(blocks=args.key_blocks, tokens=args.key_tokens, max_batch=args.max_batch),
         cold=args.cold, poll_interval=args.poll_interval, poll_timeout=args.poll_timeout,
-        telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity, seed=args.seed,
-        budget=budget, keyring=ring)
+        telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
+        seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
+        budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_service("dispatcher", lambda: parse_args(argv), serve)
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        config = parse_args(args)
+    except ValueError as exc:
+        print(f"dispatcher: error: {exc}", file=sys.stderr)
+        return 2
+    if config.workers > 1 and config.worker_index is None:
+        setup_logging("dispatcher", config.server.log_level)
+        s = config.server
+        return supervise(WorkersConfig(workers=config.workers, host=s.host, port=s.port, http_port=config.http.port,
+                                       metrics_host=s.metrics_host, metrics_port=s.metrics_port,
+                                       grace_seconds=s.grace_seconds, dispatcher_id=config.dispatcher_id), args)
+    return run_service("dispatcher", lambda: config, serve)
 
 
 if __name__ == "__main__":

@@ -1,57 +1,64 @@
 """Replica health and load polling for the dispatcher.
 
-Every `interval` seconds (default 0.25, so ~4×/s) each replica gets a grpc health check
-and a GetStats call, both with a short deadline (default 0.2 s), concurrently. A replica
-is healthy when the health service says SERVING and the stats call succeeds. A refused
-connection, an error or NOT_SERVING takes it out of T(b) and P2C at once (the policy skips
-unhealthy replicas); a poll that only ran out of time counts once `timeouts_to_down`
-(default 2) polls in a row did, because a busy dispatcher (or machine) misses a 0.2 s
-deadline now and then, and marking every replica down on one slow poll would fail requests
-that a healthy cluster could serve. A dead or hung replica is still out within
-interval + 2 x timeout < 1 s, and back after its first good poll. A proxied stream that
-fails with UNAVAILABLE marks its replica down immediately too (`mark_down`).
+Every `interval` seconds (default 0.25, so ~4×/s) each replica's backend is polled with a
+short deadline (default 0.2 s), concurrently (services.backends: grpc health + GetStats for
+the simulated engine, `GET /health` + `GET /metrics` for HTTP engines). A replica is healthy
+when the poll succeeds. A refused connection, an error or NOT_SERVING / a non-2xx /health
+takes it out of T(b) and P2C at once (the policy skips unhealthy replicas); a poll that only
+ran out of time counts once `timeouts_to_down` (default 2) polls in a row did, because a busy
+dispatcher (or machine) misses a 0.2 s deadline now and then, and marking every replica down
+on one slow poll would fail requests that a healthy cluster could serve. A dead or hung
+replica is still out within interval + 2 x timeout < 1 s, and back after its first good poll.
+A proxied stream that fails marks its replica down immediately too (`mark_down`), optionally
+with a hold: the HTTP API ejects a replica that answered 5xx or timed out for `hold` seconds
+even while its /health keeps saying OK.
+
+Load of an HTTP engine without load gauges (kind `openai`, or a /metrics page without the
+kind's names) is the dispatcher's own count of requests it has open there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from typing import Callable, Sequence
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from cacheroute.v1 import engine_pb2, engine_pb2_grpc
+from services.backends import Backend, BackendDown, EngineStats, make_backend
 from services.dispatcher.router import Router
-from services.rpc import FAST_RECONNECT, TLSFiles, aio_channel, every, kv, stop_tasks
+from services.rpc import TLSFiles, every, kv, stop_tasks
 
 log = logging.getLogger("cacheroute.dispatcher.monitor")
-SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 class ReplicaMonitor:
     def __init__(self, router: Router, *, interval: float = 0.25, timeout: float = 0.2,
-                 tls: TLSFiles | None = None, timeouts_to_down: int = 2) -> None:
+                 tls: TLSFiles | None = None, timeouts_to_down: int = 2,
+                 backends: Sequence[Backend] | None = None, default_kind: str = "cacheroute",
+                 on_stats: Callable[[int, EngineStats], None] | None = None) -> None:
         self.router = router
         self.interval = interval
         self.timeout = timeout
         self.timeouts_to_down = timeouts_to_down
+        self.on_stats = on_stats
         self._timeouts = [0] * len(router.replicas)
-        self._tls = tls
-        self.channels: list[grpc.aio.Channel] = []
-        self.engines: list[engine_pb2_grpc.EngineStub] = []
-        self._health: list[health_pb2_grpc.HealthStub] = []
+        self._held_until = [0.0] * len(router.replicas)
+        self.backends: list[Backend] = list(backends) if backends is not None else [
+            make_backend(r.id, r.address, default_kind, tls=tls) for r in router.replicas]
+        self.engines: list = []           # gRPC Engine stubs by replica index (None: an HTTP engine)
         self._task: asyncio.Task | None = None
 
     def open(self) -> None:
-        for replica in self.router.replicas:
-            channel = aio_channel(replica.address, self._tls, reconnect=FAST_RECONNECT)
-            self.channels.append(channel)
-            self.engines.append(engine_pb2_grpc.EngineStub(channel))
-            self._health.append(health_pb2_grpc.HealthStub(channel))
+        for backend in self.backends:
+            opener = getattr(backend, "open_sync", None)
+            if opener is not None:
+                opener()
+        self.engines = [getattr(b, "engine", None) for b in self.backends]
 
     async def start(self) -> None:
-        if not self.channels:
-            self.open()
+        self.open()
+        for backend in self.backends:
+            await backend.open()
         await self.poll_once()
         self._task = asyncio.get_running_loop().create_task(every(self.interval, self.poll_once),
                                                             name="replica-monitor")
@@ -59,9 +66,8 @@ class ReplicaMonitor:
     async def stop(self) -> None:
         await stop_tasks([self._task])
         self._task = None
-        for channel in self.channels:
-            await channel.close()
-        self.channels.clear()
+        for backend in self.backends:
+            await backend.close()
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(i) for i in range(len(self.router.replicas))))
@@ -70,24 +76,30 @@ class ReplicaMonitor:
         router = self.router
         marker = router.poll_sent(i)
         try:
-            health, stats = await asyncio.gather(
-                self._health[i].Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout),
-                self.engines[i].GetStats(engine_pb2.GetStatsRequest(), timeout=self.timeout))
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            stats = await self.backends[i].poll(self.timeout)
+        except BackendDown as down:
+            if down.timeout:
                 self._timeouts[i] += 1
                 if self._timeouts[i] < self.timeouts_to_down:
                     return  # one slow poll: keep the replica's last state
-            self._set(i, False, err.code().name)
+            self._set(i, False, str(down))
             return
         self._timeouts[i] = 0
-        if health.status != SERVING:
-            self._set(i, False, "NOT_SERVING")
+        if stats.has_load:
+            router.stats_received(i, marker, stats.waiting, stats.running, stats.kv_usage, stats)
+        else:
+            router.stats_received(i, marker, 0, router.outstanding[i], stats.kv_usage, stats)
+            router.recent[i] = 0          # open requests are counted in full already
+            router.state.in_flight[i] = router.outstanding[i]
+        if stats.has_counters and self.on_stats is not None:
+            self.on_stats(i, stats)
+        if time.monotonic() < self._held_until[i]:
             return
-        router.stats_received(i, marker, stats.waiting, stats.running, stats.kv_usage, stats)
         self._set(i, True, "OK")
 
-    def mark_down(self, i: int, why: str) -> None:
+    def mark_down(self, i: int, why: str, hold: float = 0.0) -> None:
+        if hold > 0:
+            self._held_until[i] = max(self._held_until[i], time.monotonic() + hold)
         self._set(i, False, why)
 
     def _set(self, i: int, healthy: bool, why: str) -> None:

@@ -12,11 +12,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.auth import KeyRing
 from services.dispatcher.budget import BudgetConfig, CallerBudget
+from services.dispatcher.http import HttpApi, HttpConfig
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.plans import PlanFeed
 from services.dispatcher.router import Router
 from services.dispatcher.servicer import DispatcherServicer, KeyRules
 from services.dispatcher.telemetry import ArrivalReporter
+from services.dispatcher.workers import report_ready
 from services.model import DEFAULT_COLD_TAIL, Replica
 from services.rpc import RpcMetrics, RunningServer, ServerConfig, kv, start_server
 from services.store import RedisStore
@@ -43,7 +45,11 @@ class DispatcherConfig:
     plan_backoff_max: float = 5.0
     seed: int | None = None
     budget: BudgetConfig = BudgetConfig()
+    engine_kind: str = "cacheroute"       # kind of replicas given without KIND+ (services.backends)
+    http: HttpConfig = HttpConfig()       # the OpenAI HTTP API (port -1: off)
     keyring: KeyRing = KeyRing()          # data-plane API keys (services/auth.py); the token is added
+    workers: int = 1                   # > 1: the process supervises that many workers (services/dispatcher/workers.py)
+    worker_index: int | None = None    # set in a worker the supervisor started
 
 
 class RouterMetrics:
@@ -92,7 +98,8 @@ class DispatcherService:
         self.router = Router(config.replicas, seed=config.seed, cold=config.cold,
                              telemetry_capacity=config.telemetry_capacity)
         tls = config.server.tls
-        self.monitor = ReplicaMonitor(self.router, interval=config.poll_interval, timeout=config.poll_timeout, tls=tls)
+        self.monitor = ReplicaMonitor(self.router, interval=config.poll_interval, timeout=config.poll_timeout, tls=tls,
+                                      default_kind=config.engine_kind)
         self.store = None
         if config.redis_url:
             self.store = RedisStore(config.redis_url)
@@ -103,11 +110,16 @@ class DispatcherService:
                                          token=config.server.auth_token)
                          if config.collector else None)
         self.running: RunningServer | None = None
+        self.http: HttpApi | None = None
 
     @property
     def address(self) -> str:
         assert self.running is not None
         return self.running.address
+
+    @property
+    def http_url(self) -> str | None:
+        return self.http.url if self.http is not None else None
 
     async def start(self) -> "DispatcherService":
         await self.monitor.start()
@@ -120,16 +132,28 @@ class DispatcherService:
         self.running = await start_server(self.config.server,
                                           [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
                                           [SERVICE], keyring=ring, keyring_methods=DATA_PLANE, metrics=metrics)
+        if self.config.http.port >= 0:
+            self.http = await HttpApi(self.router, self.monitor, self.config.http, ring,
+                                      collector=self.config.collector, source=self.config.dispatcher_id,
+                                      tls=self.config.server.tls, token=self.config.server.auth_token,
+                                      registry=metrics.registry).start()
         if self.reporter is not None:
             self.reporter.start()
+        if self.config.worker_index is not None:
+            report_ready(index=self.config.worker_index, address=self.running.address,
+                         metrics_port=self.running.metrics_port, http=self.http_url)
         log.info("dispatcher ready", extra=kv(id=self.config.dispatcher_id, replicas=len(self.router.ids),
-                                              healthy=sum(self.router.state.healthy),
+                                              healthy=sum(self.router.state.healthy), http=self.http_url,
                                               plan_version=self.router.plan_version, source=self.router.plan_source))
         return self
 
     async def stop(self, grace: float | None = None) -> None:
+        if self.http is not None:
+            self.http.front.serving = False
         if self.running is not None:
             await self.running.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
         await self.feed.stop()
         if self.reporter is not None:
             await self.reporter.stop()

@@ -15,7 +15,7 @@ from services.core.request import BLOCK_TOKENS
 from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.router import Router
-from services.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from services.model import MAX_KEY_BYTES
 
 MODE = {False: common_pb2.MODE_PLANNED, True: common_pb2.MODE_FLAT}
@@ -222,7 +222,11 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
                 raise error from None     # nobody else to try: the first replica's answer
             i = pick.replica
             decision = self._decision(pick, key)
-            call = self.monitor.engines[i].Generate(request, timeout=timeout)
+            engine = self.monitor.engines[i]
+            if engine is None:
+                raise FailedPrecondition(f"replica {self._ids[i]} is an HTTP engine: send this request to the "
+                                         "dispatcher's OpenAI HTTP API")
+            call = engine.Generate(request, timeout=timeout)
             self.router.stream_opened(i)
             first = True
             try:

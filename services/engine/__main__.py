@@ -10,6 +10,7 @@ Environment variables (flags override them):
   CACHEROUTE_MAX_PROMPT_TOKENS (131072)       longer prompts are INVALID_ARGUMENT
   CACHEROUTE_MAX_OUTPUT_TOKENS (8192)         larger max_tokens is INVALID_ARGUMENT
   CACHEROUTE_MAX_REQUESTS (4096)              more in flight is RESOURCE_EXHAUSTED
+  CACHEROUTE_HTTP_PORT (-1)                   OpenAI HTTP API port (services/engine/http.py), -1 off, 0 ephemeral
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def parse_args(argv: list[str] | None) -> EngineConfig:
                    help="(env CACHEROUTE_MAX_OUTPUT_TOKENS)")
     g.add_argument("--max-requests", type=int, default=env_number("MAX_REQUESTS", "4096", int),
                    help="(env CACHEROUTE_MAX_REQUESTS)")
+    g.add_argument("--http-port", type=int, default=env_number("HTTP_PORT", "-1", int),
+                   help="OpenAI HTTP API port, -1 = off, 0 = ephemeral (env CACHEROUTE_HTTP_PORT, default -1)")
     args = parser.parse_args(argv)
     try:
         get_profile(args.profile)
@@ -55,7 +58,7 @@ def parse_args(argv: list[str] | None) -> EngineConfig:
         time_scale=args.time_scale, kv_blocks=args.kv_blocks, collector=args.collector,
         report_interval=args.report_interval,
         limits=Limits(max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens),
-        max_requests=args.max_requests)
+        max_requests=args.max_requests, http_port=args.http_port)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ class EngineConfig:
     report_interval: float = 1.0
     limits: Limits = Limits()
     max_requests: int = 4096
+    http_port: int = -1                 # OpenAI HTTP API (services.engine.http): -1 off, 0 ephemeral
 
 
 class EngineService:
@@ -45,26 +46,42 @@ class EngineService:
                                             token=config.server.auth_token)
                          if config.collector else None)
         self.running: RunningServer | None = None
+        self.http = None                # services.httpserver.RunningHttp when the HTTP API is on
+        self.http_api = None
 
     @property
     def address(self) -> str:
         assert self.running is not None
         return self.running.address
 
+    @property
+    def http_url(self) -> str | None:
+        return self.http.url if self.http is not None else None
+
     async def start(self) -> "EngineService":
         self.runner.start()
         servicer = EngineServicer(self.runner, self.config.replica_id, self.config.profile, self.config.limits)
         self.running = await start_server(self.config.server, [(engine_pb2_grpc.add_EngineServicer_to_server, servicer)],
                                           [SERVICE])
+        if self.config.http_port >= 0:
+            from services.engine.http import start_engine_http
+            self.http_api, self.http = await start_engine_http(
+                self.runner, self.config.replica_id, self.config.profile, self.config.limits,
+                self.config.server.host, self.config.http_port)
         if self.reporter is not None:
             self.reporter.start()
         log.info("engine ready", extra=kv(replica=self.config.replica_id, profile=self.config.profile,
-                                          time_scale=self.config.time_scale))
+                                          time_scale=self.config.time_scale, http=self.http_url))
         return self
 
     async def stop(self, grace: float | None = None) -> None:
+        if self.http_api is not None:
+            self.http_api.serving = False
         if self.running is not None:
             await self.running.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         if self.reporter is not None:
             await self.reporter.stop()
         await self.runner.stop()

@@ -35,6 +35,7 @@ Shadow gate and automatic fallback (services/planner/gate.py):
 
 Live failure repair (services/planner/repair.py; needs id=host:port replicas):
   CACHEROUTE_REPAIR (1)                            health-check replicas and repair the active plan
+  CACHEROUTE_ENGINE_KIND (cacheroute)              kind of addresses without KIND+ (services/backends)
   CACHEROUTE_HEALTH_INTERVAL (0.5)                 seconds between health checks of each replica
   CACHEROUTE_HEALTH_TIMEOUT (0.3)                  deadline of one health check, seconds
   CACHEROUTE_REPAIR_GRACE (2)                      seconds a replica must stay down before a repair
@@ -118,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("live failure repair")
     g.add_argument("--repair", type=int, choices=(0, 1), default=env_number("REPAIR", "1", int),
                    help="1: health-check id=host:port replicas and repair the active plan (default 1)")
+    g.add_argument("--engine-kind", default=env("ENGINE_KIND", "cacheroute"),
+                   choices=("cacheroute", "vllm", "sglang", "llamacpp", "openai"),
+                   help="kind of replica addresses given without KIND+, as the dispatchers' (env CACHEROUTE_ENGINE_KIND)")
     g.add_argument("--health-interval", type=float, default=env_number("HEALTH_INTERVAL", "0.5", float),
                    help="seconds between health checks (default 0.5)")
     g.add_argument("--health-timeout", type=float, default=env_number("HEALTH_TIMEOUT", "0.3", float),
@@ -169,7 +173,8 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
                          key_prefix=args.key_prefix, telemetry=telemetry_from_args(args), auto=bool(args.auto),
                          gate=gate_from_args(args), replica_addresses={r.id: r.address for r in replicas if r.address},
                          repair=bool(args.repair), health_interval=args.health_interval,
-                         health_timeout=args.health_timeout, repair_grace=args.repair_grace)
+                         health_timeout=args.health_timeout, repair_grace=args.repair_grace,
+                         engine_kind=args.engine_kind)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,9 @@
 """Live failure repair: the planner's own health view of the replicas, and plan repair.
 
-Health. Every `interval` (default 0.5 s) the planner sends each configured replica a grpc
-health check with a short deadline (`timeout`, default 0.3 s). A replica is down from its first
+Health. Every `interval` (default 0.5 s) the planner health-checks each configured replica
+through the same backend the dispatchers use (services.backends: grpc health for the simulated
+engine, `GET /health` for vLLM, SGLang, llama.cpp and other HTTP engines; `KIND+URL` addresses
+or `default_kind`) with a short deadline (`timeout`, default 0.3 s). A replica is down from its first
 failed check until its next good one. Dispatchers already drop an unhealthy replica within a
 second on their own; the plan is what keeps naming it.
 
@@ -26,40 +28,36 @@ import logging
 import time
 from typing import Callable, Mapping
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from services.backends import BackendDown, make_backend
 from services.core.replan import repair_plan
 from services.errors import FailedPrecondition, Unavailable
 from services.model import Mode
-from services.rpc import FAST_RECONNECT, TLSFiles, aio_channel, every, kv, stop_tasks
+from services.rpc import TLSFiles, every, kv, stop_tasks
 from services.store import Fenced, Store
 
 log = logging.getLogger("cacheroute.planner.repair")
-SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 class ReplicaHealth:
     """Polls the replicas; `down_for(now)` says for how long each one has been down."""
 
     def __init__(self, addresses: Mapping[str, str], *, interval: float = 0.5, timeout: float = 0.3,
-                 tls: TLSFiles | None = None, on_change: Callable[[str, bool], None] = lambda rid, ok: None) -> None:
+                 tls: TLSFiles | None = None, on_change: Callable[[str, bool], None] = lambda rid, ok: None,
+                 default_kind: str = "cacheroute") -> None:
         self.addresses = dict(addresses)
         self.interval = interval
         self.timeout = timeout
         self.on_change = on_change
         self._tls = tls
-        self._stubs: dict[str, health_pb2_grpc.HealthStub] = {}
-        self._channels: list[grpc.aio.Channel] = []
+        self._default_kind = default_kind
+        self._backends: dict = {}
         self._down_since: dict[str, float] = {}       # monotonic time of the first failed check
         self._task: asyncio.Task | None = None
         self._stopping = False
 
     def open(self) -> None:
         for rid, address in self.addresses.items():
-            channel = aio_channel(address, self._tls, reconnect=FAST_RECONNECT)
-            self._channels.append(channel)
-            self._stubs[rid] = health_pb2_grpc.HealthStub(channel)
+            self._backends[rid] = make_backend(rid, address, self._default_kind, tls=self._tls)
 
     async def start(self) -> None:
         self.open()
@@ -71,18 +69,18 @@ class ReplicaHealth:
         self._stopping = True
         await stop_tasks([self._task])
         self._task = None
-        for channel in self._channels:
-            await channel.close()
-        self._channels.clear()
+        for backend in self._backends.values():
+            await backend.close()
+        self._backends.clear()
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(self._check(rid) for rid in self._stubs))
+        await asyncio.gather(*(self._check(rid) for rid in self._backends))
 
     async def _check(self, rid: str) -> None:
         try:
-            reply = await self._stubs[rid].Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout)
-            ok = reply.status == SERVING
-        except grpc.aio.AioRpcError:
+            await self._backends[rid].check(self.timeout)
+            ok = True
+        except BackendDown:
             ok = False
         was_down = rid in self._down_since
         if ok and was_down:

@@ -41,6 +41,7 @@ class PlannerConfig:
     health_interval: float = 0.5
     health_timeout: float = 0.3
     repair_grace: float = 2.0
+    engine_kind: str = "cacheroute"       # kind of replica addresses without KIND+ (services.backends)
     clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
 
 
@@ -85,7 +86,8 @@ class PlannerService:
         replicas = None
         if config.repair and config.replica_addresses:
             self.health = ReplicaHealth(config.replica_addresses, interval=config.health_interval,
-                                        timeout=config.health_timeout, tls=config.server.tls)
+                                        timeout=config.health_timeout, tls=config.server.tls,
+                                        default_kind=config.engine_kind)
             health, ids, grace = self.health, config.loop.replica_ids, config.repair_grace
             replicas = lambda: health.usable(ids, grace)   # noqa: E731
         self.loop = ControlLoop(self.store, config.loop, clock=config.clock, enabled=config.auto,

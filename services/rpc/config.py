@@ -57,6 +57,8 @@ class ServerConfig:
     max_message_bytes: int = 8 * 1024 * 1024
     grace_seconds: float = 5.0
     log_level: str = "INFO"
+    reuse_port: bool = False            # share the port with sibling processes (SO_REUSEPORT)
+    announce: str = "serving"           # the bound-address log line's message (workers: "worker serving")
 
 
 def add_server_flags(parser: argparse.ArgumentParser, *, default_port: int, default_metrics_port: int) -> None:

@@ -96,7 +96,7 @@ async def start_server(
     server = grpc.aio.server(
         interceptors=[ServiceInterceptor(config.auth_token, frozenset(protected_methods), metrics,
                                          frozenset(audited_methods), keyring, frozenset(keyring_methods))],
-        options=channel_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
+        options=channel_options(config.max_message_bytes) + [("grpc.so_reuseport", int(config.reuse_port))],
         maximum_concurrent_rpcs=None,
     )
     for add, servicer in servicers:
@@ -119,7 +119,7 @@ async def start_server(
         running._metrics_http = httpd
         running.metrics_port = httpd.server_port
     await running.set_serving(True)
-    log.info("serving", extra=kv(address=running.address, metrics_port=running.metrics_port,
+    log.info(config.announce, extra=kv(address=running.address, metrics_port=running.metrics_port,
                                  tls=config.tls.server_enabled, auth=bool(config.auth_token),
                                  data_plane_keys=bool(keyring is not None and keyring.enabled)))
     return running

@@ -5,7 +5,8 @@ planner lease. The only code that knows Redis.
   keys.py          the key schema and the codecs of field names and stored values
   buckets.py       pure bucketing helpers (batch -> buckets, window -> rates)
   lua/*.lua        the Redis scripts, one per conditional multi-key step, loaded once
-  redis.py         `RedisStore`
+  redis.py         `RedisStore` (one node or a Redis Cluster)
+  connect.py       Redis URLs (redis://, redis+cluster://, ...) -> redis-py clients, sync and asyncio
   window_cache.py  the Redis store's cache of per-bucket window sums
   memory.py        `MemoryStore`, the in-process twin
   config.py        `TelemetryConfig`, the store flags, `open_store`

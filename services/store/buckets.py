@@ -9,6 +9,8 @@ import operator
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from services.errors import InvalidArgument
 from services.model import ArrivalRecord, CacheCounters, RatesSnapshot
 from services.store.config import TelemetryConfig
@@ -99,24 +101,47 @@ def window_buckets(now: float, window_seconds: float, cfg: TelemetryConfig) -> t
     return first, last, first * cfg.bucket_seconds
 
 
+BIG_COUNT = 2**56    # sums at or above this stay Python ints (int64 must not overflow)
+
+
 def snapshot(first: int, last: int, start: float, now: float, totals: dict[str, list[int]]) -> RatesSnapshot:
-    """Window sums -> rates over the span from the first bucket's start to `now`; the id names
-    the bucket range and a digest of the counts, so identical data gives the same id."""
+    """Window sums by key -> rates over the span from the first bucket's start to `now`."""
+    values = list(totals.values())
+    big = any(max(v) >= BIG_COUNT for v in values) if values else False
+    acc = np.array(values, dtype=object if big else np.int64).reshape(len(values), 3)
+    return snapshot_columns(first, last, start, now, [k.encode() for k in totals], acc)
+
+
+def snapshot_columns(first: int, last: int, start: float, now: float, keys: list[bytes],
+                      acc: np.ndarray) -> RatesSnapshot:
+    """The snapshot of per-key (n, prompt, prefix) sums, `acc[i]` for `keys[i]`: keys with
+    arrivals, hottest first, ties by key (bytewise, i.e. code-point order). Sorting and
+    dividing are numpy (a million-key window); the id hashes the ranked keys and counts."""
     span = max(now - start, 1e-9)
-    ranked = sorted(totals.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    ranked = [(k, v) for k, v in ranked if v[0] > 0]
+    n = acc[:, 0]
+    live = np.flatnonzero(n > 0)
+    live_keys = [keys[i] for i in live.tolist()]
+    plain = b"\0" not in b"".join(live_keys)
+    if acc.dtype != object and plain:
+        order = live[np.lexsort((np.array(live_keys, dtype=bytes), -n[live]))] if live_keys else live
+    else:   # counts past int64, or keys numpy's fixed-width bytes would truncate: plain Python
+        order = np.array(sorted(live.tolist(), key=lambda i: (-int(n[i]), keys[i])), dtype=np.int64)
+    ranked = [keys[i] for i in order.tolist()]
+    counts = n[order]
     digest = hashlib.blake2b(digest_size=6)
-    for k, (n, _, _) in ranked:
-        digest.update(k.encode())
-        digest.update(b"\0%d\0" % n)
+    digest.update(b"\0".join(ranked))
+    digest.update(b"\1")
+    digest.update(counts.tobytes() if counts.dtype != object else ",".join(map(str, counts.tolist())).encode())
+    rows = acc[order]
+    nf = counts.astype(np.float64)
     return RatesSnapshot(
         snapshot_id=f"b{first}-{last}-{digest.hexdigest()}",
         start=start, end=now, window_seconds=span,
-        total_arrivals=sum(v[0] for _, v in ranked),
-        keys=tuple(k for k, _ in ranked),
-        rates=tuple(v[0] / span for _, v in ranked),
-        mean_prompt_tokens=tuple(v[1] / v[0] for _, v in ranked),
-        mean_prefix_tokens=tuple(v[2] / v[0] for _, v in ranked),
+        total_arrivals=int(sum(counts.tolist())) if counts.dtype == object else int(counts.sum()),
+        keys=(tuple(b"\0".join(ranked).decode().split("\0")) if plain and ranked else tuple(k.decode() for k in ranked)),
+        rates=tuple((nf / span).tolist()),
+        mean_prompt_tokens=tuple((rows[:, 1].astype(np.float64) / nf).tolist()),
+        mean_prefix_tokens=tuple((rows[:, 2].astype(np.float64) / nf).tolist()),
     )
 
 

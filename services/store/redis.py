@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
-import urllib.parse
 from importlib import resources
 from typing import AsyncIterator, Iterable, Sequence
 
@@ -37,11 +37,12 @@ from services.store.buckets import (
     first_of_each_batch_id,
     key_totals,
     newest,
-    snapshot,
+    snapshot_columns,
     split_by_bucket,
     window_buckets,
 )
 from services.store.config import TelemetryConfig
+from services.store.connect import async_client, parse_redis_url
 from services.store.contract import HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
 from services.store.keys import (
     Keys,
@@ -65,6 +66,7 @@ def _load_scripts() -> dict[str, str]:
 
 
 SCRIPTS = _load_scripts()
+log = logging.getLogger("cacheroute.store")
 
 
 def _token_arg(fencing_token: int | None) -> str | int:
@@ -77,11 +79,11 @@ def _raise_if_fenced(status: bytes) -> None:
 
 
 class RedisStore(Store):
-    """The store on Redis (single node; key layout is Redis Cluster compatible)."""
+    """The store on Redis: one node (redis://, rediss://) or a Redis Cluster (redis+cluster://,
+    rediss+cluster://; services/store/connect.py)."""
 
     def __init__(self, url: str, *, prefix: str = "cr", telemetry: TelemetryConfig | None = None,
                  timeout: float = 2.0) -> None:
-        import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
         from redis.exceptions import ConnectionError as RedisConnectionError
@@ -94,11 +96,12 @@ class RedisStore(Store):
         # One immediate retry on a broken connection (a pooled socket to a restarted server);
         # none on timeouts, where the command may have run. Writes are safe to repeat: batches
         # are deduplicated, activation is a CAS, a skipped version number is harmless.
-        self._redis = aioredis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry_on_timeout=False,
+        self.target = parse_redis_url(url)
+        self._cluster = self.target.cluster
+        self._redis = async_client(
+            self.target, socket_timeout=timeout, socket_connect_timeout=timeout, retry_on_timeout=False,
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)), health_check_interval=30)
-        parsed = urllib.parse.urlsplit(url)
-        self._where = f"{parsed.hostname}:{parsed.port or 6379}"  # never the password
+        self._where = self.target.where  # never the password
         r = self._redis
         self._arrivals = r.register_script(SCRIPTS["arrivals"])
         self._cache = r.register_script(SCRIPTS["cache"])
@@ -112,15 +115,71 @@ class RedisStore(Store):
         self._renew = r.register_script(SCRIPTS["renew"])
         self._next_version = r.register_script(SCRIPTS["next_version"])
         self._seen_version = 0   # highest version seen in the store (reset detection, no reuse)
+        self.unreplicated_writes = 0   # plan writes whose WAIT saw fewer replicas than asked
+        self._cluster_ready = False
         self._windows = BucketCache()
+
+    async def _queue_script(self, pipe, script, keys: list[str], args: list[object]) -> None:
+        """Queue a Lua script call on a pipeline. Redis Cluster pipelines refuse EVALSHA, so
+        there the script text goes with EVAL (the server caches it by its SHA all the same)."""
+        if self._cluster:
+            pipe.eval(script.script, len(keys), *keys, *args)
+        else:
+            await script(keys=keys, args=args, client=pipe)
+
+    async def _plan_write(self, script, keys: list[str], args: list[object]):
+        """A plan-slot script, then (wait_replicas > 0) WAIT on the same connection, so the
+        write is on that many replicas before the caller acknowledges it: a replica promoted
+        after the master dies has it. WAIT counts the connection's own writes, hence one
+        pipeline (a cluster pipeline groups the two commands on the slot's master). Fewer
+        acknowledgements than asked (no replica reachable within the timeout) leave the write
+        in place and are logged and counted (`unreplicated_writes`)."""
+        need = self.target.wait_replicas
+        if need <= 0:
+            return await script(keys=keys, args=args)
+        pipe = self._redis.pipeline(transaction=False)
+        if self._cluster:
+            await self._redis.initialize()
+            node = self._redis.get_node_from_key(keys[0])
+            pipe.eval(script.script, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", need, self.target.wait_timeout_ms, target_nodes=node)
+        else:
+            await script(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", need, self.target.wait_timeout_ms)
+        result, acked = await pipe.execute()
+        if int(acked) < need:
+            self.unreplicated_writes += 1
+            log.warning("plan write not replicated", extra={"fields": {
+                "replicas_acked": int(acked), "wanted": need, "timeout_ms": self.target.wait_timeout_ms,
+                "key": keys[0], "where": self._where}})
+        return result
+
+    async def _mget(self, keys: list[str]) -> list[bytes | None]:
+        """MGET of keys in any slots (a cluster splits it per slot)."""
+        if self._cluster:
+            return await self._redis.mget_nonatomic(keys)
+        return await self._redis.mget(keys)
 
     @contextlib.asynccontextmanager
     async def _guard(self) -> AsyncIterator[None]:
         from redis import exceptions as rx
 
         try:
+            if self._cluster and not self._cluster_ready:
+                # before the first command: redis-py's async cluster client runs a transaction
+                # pipeline on an uninitialised client against another event loop
+                await self._redis.initialize()
+                self._cluster_ready = True
             yield
-        except (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, OSError, asyncio.TimeoutError) as exc:
+        except rx.RedisClusterException as exc:
+            # the cluster client's own refusals of a command (keys in several slots) are bugs,
+            # not outages; "cannot be connected", an uncovered slot and the like are outages
+            if "same slot" in str(exc) or "same key slot" in str(exc):
+                raise
+            detail = " ".join(str(exc).split())[:160] or type(exc).__name__
+            raise Unavailable(f"redis unavailable at {self._where}: {detail}") from None
+        except (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterError, rx.TryAgainError,
+                OSError, asyncio.TimeoutError) as exc:
             detail = " ".join(str(exc).split())[:160] or type(exc).__name__
             raise Unavailable(f"redis unavailable at {self._where}: {detail}") from None
 
@@ -142,7 +201,7 @@ class RedisStore(Store):
                 pipe = self._redis.pipeline(transaction=False)
                 for idx, parts in calls:
                     keys, args = self._arrival_call(idx, parts)
-                    await self._arrivals(keys=keys, args=args, client=pipe)
+                    await self._queue_script(pipe, self._arrivals, keys, args)
                 results = await pipe.execute()
                 pending = {}
                 for (idx, parts), seen in zip(calls, results):
@@ -193,7 +252,7 @@ class RedisStore(Store):
         idxs = range(first, last + 1)
         cache = self._windows
         async with self._guard():
-            tokens = await self._redis.mget([self._tb(i, "v") for i in idxs])
+            tokens = await self._mget([self._tb(i, "v") for i in idxs])
             stale = [(i, t) for i, t in zip(idxs, tokens) if t is None or not cache.fresh(i, t)]
             pipe = self._redis.pipeline(transaction=False)
             for i, _ in stale:
@@ -202,7 +261,7 @@ class RedisStore(Store):
             rows = await pipe.execute() if stale else []
         for j, (i, token) in enumerate(stale):
             cache.put(i, token, *rows[3 * j:3 * j + 3])
-        return snapshot(first, last, start, now, cache.totals(idxs))
+        return snapshot_columns(first, last, start, now, *cache.columns(idxs))
 
     async def cache_stats(self, now: float, window_seconds: float) -> dict[str, CacheCounters]:
         first, last, _ = window_buckets(now, window_seconds, self.telemetry)
@@ -240,7 +299,7 @@ class RedisStore(Store):
 
     async def next_version(self) -> int:
         async with self._guard():
-            version, before = await self._next_version(keys=[self._p("seq")], args=[self._seen_version])
+            version, before = await self._plan_write(self._next_version, [self._p("seq")], [self._seen_version])
         self._observe_versions(int(before))
         self._observe_versions(int(version))
         return int(version)
@@ -251,7 +310,7 @@ class RedisStore(Store):
         keys = [self._p(f"plan:{v}"), self._p(f"summary:{v}"), self._p("index"), self._p("seq")]
         blob, summary = encode_plan(plan), encode_plan(summary_of(plan))
         async with self._guard():
-            if not await self._put_plan(keys=keys, args=[v, blob, summary]):
+            if not await self._plan_write(self._put_plan, keys, [v, blob, summary]):
                 raise FailedPrecondition(f"plan version {v} already exists")
         self._observe_versions(v)
 
@@ -291,7 +350,7 @@ class RedisStore(Store):
         args = [version, expected, "" if fencing_token is None else fencing_token, event, reason, repr(float(now)),
                 "1" if automatic else "0", HISTORY_MAX]
         async with self._guard():
-            status, current, target = await self._activate(keys=keys, args=args)
+            status, current, target = await self._plan_write(self._activate, keys, args)
         status = status.decode()
         if status == "ok":
             return Activation(int(target), int(current), True)
@@ -320,16 +379,16 @@ class RedisStore(Store):
         mode = Mode(mode)
         async with self._guard():
             keys = [self._p("mode"), self._p("active"), self._p("events"), self._p("lease")]
-            status = await self._set_mode(keys=keys, args=[mode.value, reason, repr(float(now)),
-                                                           _token_arg(fencing_token)])
+            status = await self._plan_write(self._set_mode, keys, [mode.value, reason, repr(float(now)),
+                                                                   _token_arg(fencing_token)])
         _raise_if_fenced(status)
         return await self.get_control()
 
     async def pin(self, version: int, *, fencing_token: int | None = None) -> ControlState:
         check_version(version)
         async with self._guard():
-            status = await self._pin(keys=[self._p("pinned"), self._p("active"), self._p("index"), self._p("lease")],
-                                     args=[version, _token_arg(fencing_token)])
+            status = await self._plan_write(self._pin, [self._p("pinned"), self._p("active"), self._p("index"),
+                                                        self._p("lease")], [version, _token_arg(fencing_token)])
         _raise_if_fenced(status)
         status = status.decode()
         if status == "missing":
@@ -340,7 +399,8 @@ class RedisStore(Store):
 
     async def unpin(self, *, fencing_token: int | None = None) -> ControlState:
         async with self._guard():
-            status = await self._unpin(keys=[self._p("pinned"), self._p("lease")], args=[_token_arg(fencing_token)])
+            status = await self._plan_write(self._unpin, [self._p("pinned"), self._p("lease")],
+                                            [_token_arg(fencing_token)])
         _raise_if_fenced(status)
         return await self.get_control()
 
@@ -358,7 +418,8 @@ class RedisStore(Store):
 
     async def acquire_lease(self, holder: str, ttl_seconds: float) -> int | None:
         async with self._guard():
-            token = await self._acquire(keys=[self._p("lease"), self._p("fence")], args=[holder, lease_ms(ttl_seconds)])
+            token = await self._plan_write(self._acquire, [self._p("lease"), self._p("fence")],
+                                           [holder, lease_ms(ttl_seconds)])
         return None if token is None else int(token)
 
     async def renew_lease(self, holder: str, token: int, ttl_seconds: float) -> bool:

@@ -39,8 +39,15 @@ class BucketCache:
         self.buckets[idx] = (token, ids, values)
 
     def totals(self, idxs: range) -> dict[str, tuple[int, int, int]]:
-        """Sums over the window's buckets; buckets outside it are dropped (one process reads
-        one window, the planner's)."""
+        """Sums over the window's buckets, by key; buckets outside it are dropped."""
+        keys, acc = self.columns(idxs)
+        hit = np.flatnonzero(acc[:, 0] > 0)
+        return {keys[i].decode(): row for i, row in zip(hit.tolist(), map(tuple, acc[hit].tolist()))}
+
+    def columns(self, idxs: range) -> tuple[list[bytes], np.ndarray]:
+        """Sums over the window's buckets: the key index and an (m, 3) array of (n, prompt,
+        prefix) per key; buckets outside the window are dropped (one process reads one
+        window, the planner's)."""
         for old in [i for i in self.buckets if i not in idxs]:
             del self.buckets[old]
         live = [self.buckets[i] for i in idxs if i in self.buckets]
@@ -51,9 +58,7 @@ class BucketCache:
         acc = np.zeros((len(self.index), 3), dtype=object if big else np.int64)
         for _, ids, values in live:
             acc[ids] += values          # ids are distinct within a bucket
-        keys = list(self.index)
-        hit = np.flatnonzero(acc[:, 0] > 0)
-        return {keys[i].decode(): row for i, row in zip(hit.tolist(), map(tuple, acc[hit].tolist()))}
+        return list(self.index), acc
 
     def _compact(self) -> None:
         """Drop keys no cached bucket holds (keys churn; the index must not grow forever)."""

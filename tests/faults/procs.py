@@ -62,7 +62,8 @@ class ServiceProc:
         self.address = ""
         self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
-        argv = [sys.executable, "-m", f"services.{self.kind}", *COMMON, "--port", str(self.port), *self.args]
+        http = ["--http-port", "0"] if self.kind == "dispatcher" else []   # its OpenAI HTTP API: ephemeral too
+        argv = [sys.executable, "-m", f"services.{self.kind}", *COMMON, "--port", str(self.port), *http, *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True, preexec_fn=_pdeathsig())

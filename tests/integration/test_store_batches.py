@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,9 +39,16 @@ async def replay(store, grouped: list[list[tuple[str, list[ArrivalRecord]]]], on
         await store.close()
 
 
+@pytest.fixture(params=["redis", "redis-cluster"])
+def any_redis_url(request):
+    """A single redis-server, then the session's Redis Cluster (3 + 3 nodes)."""
+    return request.getfixturevalue("redis_url" if request.param == "redis" else "redis_cluster_url")
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(grouped=calls)
-def test_grouped_batches_land_like_single_batches(redis_url, grouped):
+def test_grouped_batches_land_like_single_batches(any_redis_url, grouped):
+    redis_url = any_redis_url
     reference = asyncio.run(replay(MemoryStore(CFG), grouped, one_by_one=True))
     for make in (lambda: MemoryStore(CFG), lambda: RedisStore(redis_url, telemetry=CFG, prefix=f"p{next(_prefixes)}")):
         assert asyncio.run(replay(make(), grouped, one_by_one=False)) == reference

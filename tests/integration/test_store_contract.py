@@ -16,10 +16,10 @@ CFG = TelemetryConfig(bucket_seconds=10, retention_seconds=600, gaps_per_bucket=
 T0 = 1_700_000_000.0  # a bucket boundary (divisible by 10)
 
 
-@pytest.fixture(params=["redis", "memory"])
+@pytest.fixture(params=["redis", "redis-cluster", "memory"])
 def make_store(request):
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
+    if request.param in ("redis", "redis-cluster"):
+        url = request.getfixturevalue("redis_url" if request.param == "redis" else "redis_cluster_url")
         return lambda: RedisStore(url, telemetry=CFG)
     return lambda: MemoryStore(CFG)
 

@@ -1,0 +1,57 @@
+"""Routing keys of OpenAI-API requests (pure: no I/O).
+
+Rule, in order:
+
+1. `x-cacheroute-key: <key>` header: that key.
+2. Otherwise the request's own text. A chat request's `messages` are rendered to one
+   canonical text, message by message in order: `<role>: <content>` followed by a newline,
+   where a list-of-parts content contributes its text parts (other parts by their type,
+   e.g. `[image_url]`, so two requests that differ only in an image still share a key) and a
+   `name` or tool calls are left out. A completion's `prompt` is used as is (a list of
+   prompts: the first one; token ids: their decimal ids, space-separated). That text goes
+   through `services.core.routing.key_from_prompt`, the derivation of the gRPC `prompt`
+   source: its first `--key-tokens` whitespace tokens (default 64) hashed in chained
+   16-token blocks, the key being the last chain hash in hex. Requests that share a system
+   prompt (and first turns) of at least that many tokens therefore share a key, and a
+   client sending the same text over gRPC gets the same key.
+3. Scope. `cache_salt` (vLLM's per-request cache isolation field) and the caller's tenant
+   (services.auth) are folded in, so two tenants, or two salts, never share a key:
+   key = `<tenant>/<base>` when there is a tenant, and `<base>~<salt digest>` when there is
+   a salt (8-byte BLAKE2b of the salt, in hex; the salt itself never reaches telemetry).
+
+Prompt tokens for telemetry are the whitespace-token count of that text (the simulated
+engines' tokenizer; for real engines an estimate), prefix tokens 0 as for the gRPC
+`prompt` source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from services.core import routing
+from services.oai import chat_text, content_text, prompt_text  # noqa: F401 - the canonical text
+
+KEY_HEADER = "x-cacheroute-key"
+
+
+def salt_digest(salt: str) -> str:
+    return hashlib.blake2b(salt.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def scoped_key(base: str, tenant: str = "", salt: str | None = None) -> str:
+    """`base` with the tenant and cache salt folded in; ValueError if the result is no valid key."""
+    key = base
+    if salt:
+        key = f"{key}~{salt_digest(salt)}"
+    if tenant:
+        key = f"{tenant}/{key}"
+    return routing.check_key(key)
+
+
+def request_key(text: str, header_key: str | None, *, tenant: str = "", salt: str | None = None,
+                key_tokens: int = routing.DEFAULT_KEY_TOKENS) -> str:
+    """The routing key of an HTTP request whose canonical text is `text` (rules 1-3 above)."""
+    if header_key:
+        base = header_key
+    else:
+        base = routing.key_from_prompt(text, key_tokens)
+    return scoped_key(base, tenant, salt)
