@@ -10,23 +10,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from services.core.request import BLOCK_TOKENS, Request
+from services.core.request import Request
+from services.core.traces import window_hit_bound
 
 
 def ideal_window_hit_rate(requests: Sequence[Request], start: float, end: float) -> float:
     """Token hit rate of one infinite cache over requests arriving in [start, end); requests
-    before `start` only fill the cache."""
-    seen: set[int] = set()
-    hit = total = 0
-    for r in requests:
-        if r.arrival >= end:
-            break
-        if r.arrival >= start:
-            limit = min(len(r.blocks), (r.prompt_tokens - 1) // BLOCK_TOKENS)
-            n = 0
-            while n < limit and r.blocks[n] in seen:
-                n += 1
-            hit += n * BLOCK_TOKENS
-            total += r.prompt_tokens
-        seen.update(r.blocks)
-    return hit / total if total else 0.0
+    before `start` only fill the cache (services.core.traces.window_hit_bound)."""
+    return window_hit_bound(requests, start, end)

@@ -34,12 +34,30 @@ RESULTS = os.path.join(ROOT, "results")
 MOONCAKE = "/work/shared/data/mooncake"
 
 ALL_POLICIES = "flat,sticky,chwbl,sglang,llmd,dynamo,preble,dualmap,cacheroute"
+TRACE_POLICIES = ALL_POLICIES + ",cacheroute-prefix"     # the traces also run the prefix-aware plans
 BOOT = ["--first-plan-at", "5"]
 SYNTH = ["--duration", "150", "--warmup", "60", *BOOT, "--jobs", "2"]
 FLAGSHIP_GRID = "20,50,100,150,200,250,300"
+FULL_GRID = "25,50,75,100,150,200"        # the full-population flagship (heavier prompts)
+HISTORY = "1800"                          # seconds of aggregated per-key rate history (flagship-history)
 TRACE_GRID = "4,8,12,16,20,24,32"
 
 COMPARE: dict[str, list[str]] = {
+    # the paper's flagship (section 5.1): the full 128,824-key population, prompt structure
+    # calibrated once from Flat-LB's and Sticky's hit rates (experiments/flagship.py)
+    "flagship": ["sim", "compare", "--workload", "flagship", "--policies", ALL_POLICIES,
+                 "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
+    # the flagship above its first grid (every policy passed 200 there); q_cap fixed to the value
+    # the flagship sweep calibrated at its lowest point, so only the grid changes; merged into
+    # flagship/ by `experiments.run merge-grid flagship:flagship-high`
+    "flagship-high": ["sim", "compare", "--workload", "flagship", "--policies", ALL_POLICIES,
+                      "--qps-grid", "250,300,400", "--q-cap", "13.25", "--slo-p99", "3.5", *SYNTH],
+    "flagship-history-high": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
+                              "--rate-history", HISTORY, "--qps-grid", "250,300,400", "--q-cap", "13.25",
+                              "--slo-p99", "3.5", *SYNTH],
+    # the same with the planner fed 30 min of aggregated per-key rates (EWMA horizon 30 min)
+    "flagship-history": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
+                         "--rate-history", HISTORY, "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
     "flagship-k128": ["sim", "compare", "--workload", "paper", "--active-set", "128", "--policies", ALL_POLICIES,
                       "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
     "flagship-k256": ["sim", "compare", "--workload", "paper", "--active-set", "256", "--policies", ALL_POLICIES,
@@ -51,12 +69,20 @@ COMPARE: dict[str, list[str]] = {
                   "--qps-grid", "20,40,60,80,100,120,160", "--slo-p99", "3.5", *SYNTH],
     "burst": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--policies", "flat,cacheroute",
               "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    # (d) with bursts correlated over seconds: a two-state MMPP with the same gap CV (1.9), mean
+    # dwell 10 s per state (below the 30 s control interval, far above a gap)
+    "burst-mmpp": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--knob", "burst_dwell=10",
+                   "--policies", "flat,cacheroute", "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    # (c) on the paper's model size (the derived 32B profile, one H100 per replica)
+    "low-reuse-32b": ["sim", "compare", "--profile", "qwen2.5-32b-fp8-h100", "--workload", "low-reuse",
+                      "--policies", "flat,cacheroute", "--qps-grid", "20,40,60,80,100,120,160", "--slo-p99", "3.5",
+                      *SYNTH],
     # traces: 8B profile, 8 replicas (docs/experiments.md, experiment f, says why)
     "mooncake-conversation": ["sim", "compare", "--trace", f"{MOONCAKE}/conversation_trace.first_half.jsonl",
-                              "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", ALL_POLICIES,
+                              "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", TRACE_POLICIES,
                               "--qps-grid", TRACE_GRID, "--slo-p99", "20", *BOOT, "--jobs", "2"],
     "mooncake-synthetic": ["sim", "compare", "--trace", f"{MOONCAKE}/synthetic_trace.jsonl",
-                           "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", ALL_POLICIES,
+                           "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", TRACE_POLICIES,
                            "--qps-grid", TRACE_GRID, "--slo-p99", "10", *BOOT, "--jobs", "2"],
     # the flagship K=128 near its knee on a finer, higher grid; q_cap fixed to the value flagship-k128
     # calibrated at its lowest point (20 QPS), so the only change is the grid
@@ -64,12 +90,18 @@ COMPARE: dict[str, list[str]] = {
                            "--policies", "flat,chwbl,sglang,dualmap,cacheroute",
                            "--qps-grid", "200,225,250,275,300,350,400", "--q-cap", "10.75",
                            "--slo-p99", "3.5", *SYNTH],
+    # the paper's second workload at top-K256 with a warm-slot budget that binds (R x W = 240 < 256
+    # keys), the condition the paper ties its 160 vs 100 QPS to; baselines do not use W, so their
+    # rows are flagship-k256's (same requests)
+    "second-k256-w8": ["sim", "compare", "--workload", "paper", "--active-set", "256", "--policies", "cacheroute",
+                       "--warm-slots", "8", "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
 }
 # CacheRoute with the planner service's own plan lifecycle (incremental candidate + keep-or-switch
 # rule) instead of the simulator's default fresh LPT plan every interval; same settings as above
-# name -> (active set, grid, fixed q_cap or None = calibrated at the lowest grid point)
+# name -> (active set, grid, fixed q_cap or None = calibrated at the lowest grid point[, W])
 PLANNER = {"planner-k128": (128, FLAGSHIP_GRID, None), "planner-k256": (256, FLAGSHIP_GRID, None),
-           "planner-k128-knee": (128, "200,225,250,275,300,350,400", 10.75)}
+           "planner-k128-knee": (128, "200,225,250,275,300,350,400", 10.75),
+           "planner-k256-w8": (256, FLAGSHIP_GRID, None, 8)}
 TRACES = {"mooncake-conversation": f"{MOONCAKE}/conversation_trace.first_half.jsonl",
           "mooncake-synthetic": f"{MOONCAKE}/synthetic_trace.jsonl"}
 EXPERIMENTS = (*COMPARE, *PLANNER, "drift", "ideal")
@@ -119,6 +151,23 @@ def merge_rows(stored: dict, fresh: dict, keep_old: str | None) -> dict:
     return merged
 
 
+def merge_grid(name: str, extra: str) -> int:
+    """Add experiment `extra`'s points (a higher grid, same settings) to `name`'s rows and recompute
+    each row's capacity over the union of grid points."""
+    from services.sim import report
+    from services.sim.runs import capacity_report
+
+    base, more = load(name) or {}, load(extra) or {}
+    for policy, row in more.items():
+        if policy not in base:
+            continue
+        points = {p["offered_qps"]: p for p in base[policy]["points"]}
+        points.update((p["offered_qps"], p) for p in row["points"])
+        base[policy] = capacity_report([points[q] for q in sorted(points)], base[policy]["slo_p99"])
+    report.write(base, os.path.join(RESULTS, name))
+    return 0
+
+
 def run(name: str) -> int:
     if name == "drift":
         from experiments import drift, plots
@@ -162,7 +211,8 @@ def run_ideal() -> int:
     return 0
 
 
-def run_planner(name: str, active_set: int, grid: str, q_cap: float | None, out_dir: str | None = None) -> int:
+def run_planner(name: str, active_set: int, grid: str, q_cap: float | None, warm_slots: int | None = None,
+                out_dir: str | None = None) -> int:
     """The flagship sweep for cacheroute with the planner's lifecycle (experiments.drift "planner")."""
     from dataclasses import replace
 
@@ -174,7 +224,7 @@ def run_planner(name: str, active_set: int, grid: str, q_cap: float | None, out_
 
     qps_grid = [float(q) for q in grid.split(",")]
     base = RunSpec(policy="cacheroute", qps=qps_grid[0], duration=150.0, warmup=60.0, first_plan_at=5.0,
-                   workload_knobs={"active_set": active_set})
+                   workload_knobs={"active_set": active_set}, warm_slots=warm_slots)
     q_cap = q_cap if q_cap is not None else calibrated_q_cap(base)
     points = []
     for qps in qps_grid:
@@ -312,7 +362,8 @@ def summarize() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="experiments.run", description=__doc__.splitlines()[0])
-    ap.add_argument("name", choices=(*EXPERIMENTS, "all", "summarize"))
+    ap.add_argument("name", choices=(*EXPERIMENTS, "all", "summarize", "merge-grid"))
+    ap.add_argument("extra", nargs="?", help="merge-grid: the experiment whose points to add")
     ap.add_argument("--print", action="store_true", help="print the cacheroute command instead of running it")
     ap.add_argument("--only", help="re-run these policies (comma-separated) and merge them into the stored results")
     ap.add_argument("--keep-old", metavar="TAG", help="with --only: keep each replaced row as <policy>-TAG")
@@ -320,6 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.name == "summarize":
         sys.stdout.write(summarize())
         return 0
+    if args.name == "merge-grid":
+        if not args.extra:
+            ap.error("merge-grid NAME EXTRA")
+        return merge_grid(args.extra.split(":")[0], args.extra.split(":")[1]) if ":" in args.extra else \
+            ap.error("merge-grid wants BASE:EXTRA, e.g. flagship:flagship-high")
     if args.keep_old and not args.only:
         ap.error("--keep-old needs --only")
     if args.only:

@@ -6,7 +6,8 @@ indices into `replicas`; `decision` and `shadow` are objects or null; `churn` is
 a parent. Floats round-trip exactly (orjson writes the shortest repr).
 
 Protobuf: one PlanEntry (key, replica indices, rate) per admitted key in table order; the
-build inputs go in PlanInputs. `extra` has no wire field and is dropped; `churn` travels as
+build inputs go in PlanInputs. `extra` has no wire field and is dropped, except the window's
+available and achieved hit rates (prefix plans), which have their own; `churn` travels as
 `has_parent` + `churn` (has_parent is true exactly when the plan carries a churn figure).
 """
 
@@ -24,8 +25,10 @@ import orjson
 
 from cacheroute.v1 import common_pb2
 from services.core.plan import Plan, ShadowReport, SwitchDecision
+from services.core.prefixes import PrefixEntry, node_name, parse_node_name
 
 FORMAT = "cacheroute.plan/1"
+HIT_RATES = ("available_hit_rate", "achieved_hit_rate")     # the only `extra` figures on the wire
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +71,20 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "decision": dataclasses.asdict(plan.decision) if plan.decision is not None else None,
         "shadow": _finite_json(dataclasses.asdict(plan.shadow)) if plan.shadow is not None else None,
         "extra": dict(plan.extra),
+        "prefixes": {name: {"replicas": list(e.replicas), "rate": e.rate, "tokens": e.tokens, "keys": e.keys}
+                     for name, e in plan.prefixes.items()},
     }
+
+
+def _prefixes_from(data: Any) -> dict[str, PrefixEntry]:
+    if not data:
+        return {}
+    out = {}
+    for name, e in data.items():
+        parse_node_name(str(name))
+        out[str(name)] = PrefixEntry(tuple(int(i) for i in e["replicas"]), float(e.get("rate", 0.0)),
+                                     int(e.get("tokens", 0)), int(e.get("keys", 0)))
+    return out
 
 
 def plan_from_dict(data: Mapping[str, Any]) -> Plan:
@@ -102,6 +118,7 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
             decision=None if data.get("decision") is None else SwitchDecision(**data["decision"]),
             shadow=None if data.get("shadow") is None else ShadowReport(**_floats_back(data["shadow"])),
             extra=dict(data.get("extra") or {}),
+            prefixes=_prefixes_from(data.get("prefixes")),
         )
     except KeyError as exc:
         raise ValueError(f"plan file is missing field {exc.args[0]!r}") from None
@@ -152,6 +169,12 @@ def check_plan(plan: Plan) -> None:
         raise ValueError("plan has rates for keys outside its table")
     if not all(math.isfinite(x) for x in plan.expected_load):
         raise ValueError("plan has a non-finite expected load")
+    for name, entry in plan.prefixes.items():
+        row = entry.replicas
+        if not row or len(set(row)) != len(row) or not all(0 <= i < n for i in row):
+            raise ValueError(f"plan row for prefix {name} is not a set of distinct replica indices < {n}: {list(row)}")
+        if not (math.isfinite(entry.rate) and entry.rate >= 0 and entry.tokens >= 0):
+            raise ValueError(f"plan prefix {name} has a negative or non-finite rate or token count")
 
 
 def plan_to_json(plan: Plan) -> bytes:
@@ -220,6 +243,12 @@ def plan_to_proto(plan: Plan) -> common_pb2.Plan:
     rates = plan.rates
     msg.table.extend(common_pb2.PlanEntry(key=key, replicas=row, rate=rates.get(key, 0.0))
                      for key, row in plan.table.items())
+    msg.prefixes.extend(common_pb2.PrefixEntry(node=parse_node_name(name), replicas=e.replicas, rate=e.rate,
+                                               tokens=e.tokens, keys=e.keys)
+                        for name, e in plan.prefixes.items())
+    for name in HIT_RATES:
+        if name in plan.extra:
+            setattr(msg, name, float(plan.extra[name]))
     if plan.decision is not None:
         msg.decision.CopyFrom(decision_to_proto(plan.decision))
     if plan.shadow is not None:
@@ -254,7 +283,11 @@ def plan_from_proto(msg: common_pb2.Plan) -> Plan:
         window_seconds=msg.inputs.window_seconds,
         decision=decision_from_proto(msg.decision) if msg.HasField("decision") else None,
         shadow=shadow_from_proto(msg.shadow) if msg.HasField("shadow") else None,
+        prefixes={node_name(e.node): PrefixEntry(tuple(e.replicas), e.rate, e.tokens, e.keys) for e in msg.prefixes},
+        extra={name: getattr(msg, name) for name in HIT_RATES if msg.HasField(name)},
     )
+    if len(plan.prefixes) != len(msg.prefixes):
+        raise ValueError("plan message repeats a prefix node")
     check_plan(plan)
     return plan
 

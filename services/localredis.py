@@ -49,6 +49,11 @@ class RedisProcess:
     data_dir: str | None = None
     password: str | None = None
     host: str = "127.0.0.1"
+    # memory bound; "": none. Policy volatile-lru evicts only keys with a TTL (telemetry buckets,
+    # batch markers; plan versions, the active version, mode and history have none), least
+    # recently used first: old buckets go before the window the planner reads.
+    maxmemory: str = "256mb"
+    maxmemory_policy: str = "volatile-lru"
     proc: subprocess.Popen | None = field(default=None, init=False)
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, init=False)
 
@@ -70,6 +75,8 @@ class RedisProcess:
                     "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning"]
             if self.password:
                 args += ["--requirepass", self.password]
+            if self.maxmemory:
+                args += ["--maxmemory", self.maxmemory, "--maxmemory-policy", self.maxmemory_policy]
             # own session: a terminal Ctrl-C reaches the supervisor, which stops Redis last
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
             if self._wait_ready(timeout):

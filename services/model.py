@@ -63,6 +63,15 @@ class CacheCounters:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheStatsWrite:
+    """What `Store.write_cache_stats` did: counted (False: a duplicate batch, nothing written)
+    and the replicas whose records were refused because a lifetime counter would pass the limit."""
+
+    counted: bool
+    refused: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RatesSnapshot:
     """Per-key rates over a window, hottest first (ties: key ascending)."""
 
@@ -70,11 +79,12 @@ class RatesSnapshot:
     start: float                          # unix seconds, first bucket's start
     end: float                            # `now` of the read
     window_seconds: float                 # end - start: the span rates are divided by
-    total_arrivals: int
+    total_arrivals: int                   # every counted arrival, untracked ones included
     keys: tuple[str, ...]
     rates: tuple[float, ...]              # req/s
     mean_prompt_tokens: tuple[float, ...]
     mean_prefix_tokens: tuple[float, ...]
+    untracked_arrivals: int = 0           # arrivals of keys beyond a bucket's key cap (no per-key count)
 
     def rate_map(self) -> dict[str, float]:
         return dict(zip(self.keys, self.rates))

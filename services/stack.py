@@ -85,6 +85,7 @@ class StackConfig:
     planner_auto: bool = True             # run the planner's control loop
     switch_knobs: str = ""                # planner --switch-knobs NAME=VALUE,... ("" = its defaults)
     redis_url: str | None = None          # None: start an embedded redis-server
+    redis_maxmemory: str = "256mb"        # embedded Redis bound, policy volatile-lru ("": none; localredis.py)
     log_dir: str | None = None            # None: a new temporary directory (kept after stop)
     log_level: str = "INFO"
     host: str = "127.0.0.1"
@@ -307,7 +308,7 @@ class Stack:
         stopping what did start) if one exits or times out."""
         try:
             if not self.redis_url:
-                self.redis = RedisProcess(host=self.config.host).start()
+                self.redis = RedisProcess(host=self.config.host, maxmemory=self.config.redis_maxmemory).start()
                 self.redis_url = self.redis.url
             self._start_tier([self._collector()])
             if self.config.llamacpp_model:

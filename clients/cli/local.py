@@ -72,6 +72,9 @@ def add_stack_flags(p: argparse.ArgumentParser, *, interval: float) -> None:
                    help="planner switching knobs NAME=VALUE,... (services.core.switching); default: the "
                         "planner's for up, min_dwell_seconds=INTERVAL for demo")
     g.add_argument("--redis", default=None, help="use this Redis URL instead of starting redis-server")
+    g.add_argument("--redis-maxmemory", default=DEFAULTS.redis_maxmemory,
+                   help=f"the embedded redis-server's maxmemory, evicting only telemetry (volatile-lru); "
+                        f"'' = none (default {DEFAULTS.redis_maxmemory})")
     g.add_argument("--log-dir", default=None, help="children's log files (default: a new temporary directory)")
     g.add_argument("--seed", type=int, default=None, help="dispatchers' P2C seed")
     e = p.add_argument_group("engines (default: simulated replicas)")
@@ -112,7 +115,8 @@ def stack_config(args: argparse.Namespace, default_knobs: str = "") -> StackConf
                            dispatcher_workers=args.dispatcher_workers, profile=args.profile,
                            time_scale=args.time_scale, kv_blocks=args.kv_blocks, planner_interval=args.interval,
                            window_seconds=args.window, q_cap=args.q_cap, warm_slots=args.warm_slots,
-                           redis_url=args.redis, log_dir=args.log_dir, seed=args.seed,
+                           redis_url=args.redis, redis_maxmemory=args.redis_maxmemory, log_dir=args.log_dir,
+                           seed=args.seed,
                            switch_knobs=args.switch_knobs if args.switch_knobs is not None else default_knobs,
                            engine_kind=args.engine_kind, engine_urls=urls, llamacpp_model=args.model,
                            llamacpp_threads=args.llamacpp_threads, llamacpp_ctx=args.llamacpp_ctx,

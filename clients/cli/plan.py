@@ -94,7 +94,7 @@ def run_build(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     data = plan_to_dict(plan)
-    for bulky in ("table", "rates", "expected_load", "extra", "format"):
+    for bulky in ("table", "rates", "expected_load", "extra", "format", "prefixes"):
         data.pop(bulky)
     loads = plan.expected_load
     data["replicas"] = plan.replicas
@@ -102,6 +102,13 @@ def run_show(args: argparse.Namespace) -> int:
     data["slots"] = plan.replicas * plan.warm_slots
     data["max_load"], data["min_load"] = max(loads), min(loads)
     data["multi_replica_keys"] = sum(1 for row in plan.table.values() if len(row) > 1)
+    data["prefix_nodes"] = len(plan.prefixes)
+    data["slots_used"] += sum(len(e.replicas) for e in plan.prefixes.values())
+    top = sorted(plan.prefixes.items(), key=lambda item: (-item[1].rate, item[0]))[:10]
+    data["top_prefixes"] = [{"prefix": name, "rate": e.rate, "tokens": e.tokens, "keys": e.keys,
+                             "replicas": [plan.replica_ids[i] for i in e.replicas]} for name, e in top]
+    if "available_hit_rate" in plan.extra:
+        data["available_hit_rate"] = plan.extra["available_hit_rate"]
     print_json(data)
     return 0
 

@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", help="synthetic workload: paper, whale, low-reuse, drift")
+    src.add_argument("--workload", help="synthetic workload: paper, whale, low-reuse, drift, flagship")
     src.add_argument("--trace", help="Mooncake .jsonl or Azure .csv trace")
     p.add_argument("--replicas", type=int, default=30)
     p.add_argument("--profile", default="llama3-70b-fp8-h100x2", help=f"one of {', '.join(PROFILE_NAMES)}")
@@ -66,6 +66,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control-interval", type=float, default=30.0, help="re-plan period, virtual seconds")
     p.add_argument("--first-plan-at", type=float,
                    help="bootstrap the first plan at this time from the arrivals so far (default: first interval)")
+    p.add_argument("--rate-horizon", type=float,
+                   help="planned policies: EWMA horizon of per-key rates, seconds (default: last window only)")
+    p.add_argument("--rate-history", type=float,
+                   help="planned policies: seconds of aggregated per-key rate history known at t = 0 "
+                        "(an independent draw of the workload; paper and flagship only)")
     for flag, _, kind in WORKLOAD_FLAGS:
         p.add_argument(flag, type=kind, help="workload knob")
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="other workload knob")
@@ -90,8 +95,13 @@ def _spec(args: argparse.Namespace, policy: str, qps: float | None = None) -> Ru
     spec = RunSpec(policy=policy, qps=qps, replicas=args.replicas, profile=args.profile, duration=duration,
                    seed=args.seed, workload=args.workload, trace=args.trace, workload_knobs=knobs,
                    q_cap=args.q_cap, warm_slots=args.warm_slots, warmup=args.warmup,
-                   control_interval=args.control_interval, first_plan_at=args.first_plan_at)
+                   control_interval=args.control_interval, first_plan_at=args.first_plan_at,
+                   rate_horizon=args.rate_horizon, rate_history=args.rate_history)
     try:
+        for name in ("rate_horizon", "rate_history"):
+            value = getattr(args, name)
+            if value is not None and not (value > 0 and value != float("inf")):
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive number of seconds")
         check_names(policy, args.profile)
         if args.workload is not None:
             from services.core.workloads import WORKLOADS

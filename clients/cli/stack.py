@@ -95,7 +95,9 @@ def planner_doc(channel: grpc.Channel, timeout: float) -> dict[str, Any]:
     s = planner_pb2_grpc.PlannerStub(channel).GetStatus(planner_pb2.GetPlannerStatusRequest(), timeout=timeout)
     return {"planner_id": s.planner_id, "leader": s.leader, "active_version": s.active_version,
             "mode": _enum(common_pb2.Mode, s.mode), "mode_reason": s.mode_reason, "pinned_version": s.pinned_version,
-            "latest_version": s.latest_version, "last_loop_outcome": s.last_loop_outcome}
+            "latest_version": s.latest_version, "last_loop_outcome": s.last_loop_outcome,
+            **{name: round(getattr(s, name), 4) for name in ("available_hit_rate", "achieved_hit_rate")
+               if s.HasField(name)}}
 
 
 def dispatcher_doc(channel: grpc.Channel, timeout: float) -> dict[str, Any]:

@@ -13,8 +13,9 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import AsyncIterable, Callable
+from typing import AsyncIterable, Callable, Iterable
 
+from services.core.prefixes import count_fields
 from services.errors import Unavailable
 from services.model import MAX_KEY_BYTES, CacheStatRecord
 from services.rpc import kv
@@ -25,6 +26,12 @@ log = logging.getLogger("cacheroute.collector")
 
 FUTURE_SLACK_SECONDS = 60.0
 MAX_COUNT = 2**53  # beyond this a float sum of counts would lose integers
+MAX_BATCH_ID_BYTES = 128   # a batch id becomes part of a Redis key (its dedup marker) for one retention
+
+
+def batch_id_problem(batch_id: str) -> str | None:
+    size = len(batch_id.encode("utf-8", "replace"))
+    return f"batch_id is {size} bytes (max {MAX_BATCH_ID_BYTES})" if size > MAX_BATCH_ID_BYTES else None
 
 
 def arrival_problem(key: str, t: float, prompt_tokens: int, prefix_tokens: int, *, now: float,
@@ -131,9 +138,27 @@ class Tally:
             raise self.error
 
 
+def prefix_rows(arrivals, rows: list, good: list) -> list[tuple[float, str, int]]:
+    """(time, field, 1) prefix-node count rows of the valid arrivals that carry a prefix chain
+    (services.core.prefixes.count_fields; at most len(NODE_DEPTHS) per arrival)."""
+    if not any(a.prefix_nodes for a in arrivals):
+        return []
+    if len(good) == len(rows):
+        keep: Iterable[int] = range(len(rows))
+    else:
+        valid = set(good)
+        keep = [i for i, r in enumerate(rows) if r in valid]
+    out = []
+    for i in keep:
+        a = arrivals[i]
+        if a.prefix_nodes:
+            out.extend((a.time, f, 1) for f in count_fields(a.key, a.prefix_nodes))
+    return out
+
+
 @dataclass(slots=True)
 class _Item:
-    kind: str                                  # "arrivals" | "cache"
+    kind: str                                  # "arrivals" | "cache" | "prefix"
     batch_id: str
     records: list
     tally: Tally
@@ -185,6 +210,9 @@ class Ingestor:
             if tally.error is not None:
                 break
             tally.batches += 1
+            if problem := batch_id_problem(batch.batch_id):
+                self._refuse_batch(tally, batch.batch_id, len(batch.arrivals), "arrival", problem)
+                continue
             rows = [(a.key, a.time, a.prompt_tokens, a.prefix_tokens) for a in batch.arrivals]
             now = self.clock()
             good = valid_arrivals(rows, now=now, retention_seconds=retention)
@@ -194,6 +222,9 @@ class Ingestor:
             self.counters.rejected("arrival", len(rows) - len(good))
             if good:
                 await self._put(_Item("arrivals", batch.batch_id, good, tally))
+                prefix = prefix_rows(batch.arrivals, rows, good)
+                if prefix:
+                    await self._put(_Item("prefix", batch.batch_id, prefix, tally))
         await tally.wait()
         return tally
 
@@ -203,6 +234,9 @@ class Ingestor:
             if tally.error is not None:
                 break
             tally.batches += 1
+            if problem := batch_id_problem(batch.batch_id):
+                self._refuse_batch(tally, batch.batch_id, len(batch.stats), "cache", problem)
+                continue
             good = []
             for i, s in enumerate(batch.stats):
                 problem = cache_stat_problem(s.replica_id, s.prompt_tokens, s.cached_tokens, s.requests)
@@ -215,6 +249,11 @@ class Ingestor:
                 await self._put(_Item("cache", batch.batch_id, good, tally, self.clock()))
         await tally.wait()
         return tally
+
+    def _refuse_batch(self, tally: Tally, batch_id: str, records: int, kind: str, problem: str) -> None:
+        for _ in range(records):
+            tally.reject(f"batch {_label(batch_id, tally.batches)}", problem)
+        self.counters.rejected(kind, records)
 
     async def _put(self, item: _Item) -> None:
         item.tally.pending += 1
@@ -258,7 +297,18 @@ class Ingestor:
                 self._landed(it, counted)
         for it in items:
             if it.kind == "cache":
-                self._landed(it, await self.store.record_cache_stats(it.batch_id, it.records, now=it.now))
+                done = await self.store.write_cache_stats(it.batch_id, it.records, now=it.now)
+                if done.refused:
+                    refused = set(done.refused)
+                    for i, record in enumerate(it.records):
+                        if record.replica_id in refused:
+                            it.tally.reject(f"batch {_label(it.batch_id, 0)} stat {i}",
+                                            f"lifetime counters of replica {record.replica_id[:64]} would pass 2^62")
+                    self.counters.rejected("cache", sum(r.replica_id in refused for r in it.records))
+                    it.records = [r for r in it.records if r.replica_id not in refused]
+                self._landed(it, done.counted)
+            elif it.kind == "prefix":
+                await self.store.record_prefix_counts(it.batch_id, it.records)   # tallied with its arrivals
 
     def _landed(self, it: _Item, counted: bool) -> None:
         it.tally.landed(len(it.records), counted)

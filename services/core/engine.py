@@ -24,7 +24,11 @@ Prefix hit
   When a request is scheduled from the waiting queue: the longest run of leading blocks whose
   hashes are cached, capped at floor((L - 1) / 16) blocks so at least one token is computed
   (L counts the generated tokens too after a preemption). Hit blocks are touched: ref++ and,
-  if unreferenced, taken out of the free queue.
+  if unreferenced, taken out of the free queue. The request's reported cached tokens are
+  those of its *first* scheduling only, as vLLM records `num_cached_tokens` once: a request
+  preempted in the middle of its prefill finds its own chunks still cached when it is
+  re-admitted, and those re-hits save recomputation but are not prefix reuse (counting them
+  let served hit rates exceed what an infinite cache could hit).
 
 Scheduler (vLLM V1 `Scheduler.schedule`, chunked prefill always on)
   Token budget `max_batched_tokens` (8192) and at most `max_running` (256) running requests.
@@ -89,6 +93,10 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType({
         EngineProfile("llama3-8b-h100", kv_blocks=27_500, t0=1.0e-3, t_w=6.2e-3, a=24e-6, b=1.2e-9, d=50e-9),
         EngineProfile("llama3-70b-fp8-h100x2", kv_blocks=14_100, t0=1.5e-3, t_w=16e-3, a=78e-6, b=2.9e-9,
                       d=63e-9),
+        # derived from the two above by scaling (docs/experiments.md, "A 32B profile"): fp8 weights,
+        # bf16 KV, one H100; the negative regime's model size
+        EngineProfile("qwen2.5-32b-fp8-h100", kv_blocks=9_500, t0=1.3e-3, t_w=12.7e-3, a=72e-6, b=2.95e-9,
+                      d=100e-9),
     )
 })
 
@@ -133,7 +141,7 @@ class _Seq:
         self.nblocks = 0        # blocks held
         self.hashed = 0         # leading blocks held under their hash (ref-counted in the map)
         self.sealed = False     # a duplicate was met: no further blocks get registered
-        self.cached = 0         # prompt tokens hit when the first token's prefill was scheduled
+        self.cached = -1        # prompt tokens hit at its first scheduling (-1: not yet scheduled)
 
 
 def _ceil_blocks(tokens: int) -> int:
@@ -515,8 +523,8 @@ class EngineModel:
                 seq.nblocks += need
             seq.computed = hit_tokens
             self._backlog -= hit_tokens
-            if seq.generated == 0:
-                seq.cached = hit_tokens
+            if seq.cached < 0:
+                seq.cached = hit_tokens   # once, at first scheduling (vLLM's num_cached_tokens)
             self._register(seq, hit_tokens + n)
             running.append(seq)
             self._n_prefilling += 1

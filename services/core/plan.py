@@ -64,6 +64,8 @@ class Plan:
     decision: SwitchDecision | None = None
     shadow: ShadowReport | None = None
     extra: Mapping[str, object] = field(default_factory=dict)  # free-form figures (JSON-safe)
+    # admitted prefix nodes (services.core.prefixes): node id (16 hex digits) -> PrefixEntry
+    prefixes: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # freeze the mappings so a stored plan cannot be edited in place
@@ -73,6 +75,8 @@ class Plan:
             object.__setattr__(self, "rates", MappingProxyType(dict(self.rates)))
         if not isinstance(self.extra, MappingProxyType):
             object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+        if not isinstance(self.prefixes, MappingProxyType):
+            object.__setattr__(self, "prefixes", MappingProxyType(dict(self.prefixes)))
 
     @property
     def replicas(self) -> int:

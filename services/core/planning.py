@@ -365,6 +365,10 @@ class PlanDiff:
     keys_removed: int                # admitted before, not now
     moves: tuple[KeyMove, ...]       # moved and added keys, rate desc then key
     removed: tuple[str, ...]         # sorted
+    # prefix nodes (services.core.prefixes), by node id; same rules as keys, not part of `churn`
+    prefix_moves: tuple[KeyMove, ...] = ()
+    prefixes_kept: int = 0
+    prefixes_removed: tuple[str, ...] = ()
 
     def summary(self, top: int = 10) -> dict[str, object]:
         """JSON-safe figures plus the `top` heaviest moves."""
@@ -378,6 +382,12 @@ class PlanDiff:
             "keys_removed": self.keys_removed,
             "top_moves": [{"key": m.key, "rate": m.rate, "old": list(m.old), "new": list(m.new)}
                           for m in self.moves[:top]],
+            "prefixes_kept": self.prefixes_kept,
+            "prefixes_moved": sum(1 for m in self.prefix_moves if m.old),
+            "prefixes_added": sum(1 for m in self.prefix_moves if not m.old),
+            "prefixes_removed": len(self.prefixes_removed),
+            "top_prefix_moves": [{"prefix": m.key, "rate": m.rate, "old": list(m.old), "new": list(m.new)}
+                                 for m in self.prefix_moves[:top]],
         }
 
 
@@ -418,7 +428,21 @@ def plan_diff(old: Plan, new: Plan) -> PlanDiff:
     removed = tuple(sorted(k for k in old.table if k not in new.table))
     admitted_rate = math.fsum(new.rates.values())
     moved_rate = math.fsum(moved_parts)
+    prefix_moves: list[KeyMove] = []
+    prefixes_kept = 0
+    for name, entry in new.prefixes.items():
+        after = tuple(sorted(new.replica_ids[i] for i in entry.replicas))
+        old_entry = old.prefixes.get(name)
+        before = tuple(sorted(old.replica_ids[i] for i in old_entry.replicas)) if old_entry is not None else ()
+        if before == after:
+            prefixes_kept += 1
+        else:
+            prefix_moves.append(KeyMove(name, entry.rate, before, after))
+    prefix_moves.sort(key=lambda m: (-m.rate, m.key))
     return PlanDiff(
+        prefix_moves=tuple(prefix_moves),
+        prefixes_kept=prefixes_kept,
+        prefixes_removed=tuple(sorted(n for n in old.prefixes if n not in new.prefixes)),
         churn=moved_rate / admitted_rate if admitted_rate > 0 else 0.0,
         moved_rate=moved_rate,
         admitted_rate=admitted_rate,

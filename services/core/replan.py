@@ -96,8 +96,9 @@ def repair_plan(active: Plan, dead_replica_ids: Sequence[str], *, version: int, 
 
     anchors = _anchors(active, survivors, order)
     rows, loads = _place_anchored(order, lam, k, anchors, R, cold_total / R)
+    prefixes = _repair_prefixes(active, survivors, loads)
     plan = replace(
-        active, version=version, parent_version=active.version, created_at=created_at,
+        active, prefixes=prefixes, version=version, parent_version=active.version, created_at=created_at,
         replica_ids=tuple(survivors), table={key: rows[key] for key in order},
         rates={key: lam[key] for key in order}, expected_load=tuple(loads), predicted_imbalance=imbalance(loads),
         admitted_keys=len(order), admitted_rate_share=math.fsum(lam[key] for key in order) / total if total > 0 else 0.0,
@@ -108,6 +109,24 @@ def repair_plan(active: Plan, dead_replica_ids: Sequence[str], *, version: int, 
 
 # ---------------------------------------------------------------------------------------------
 # steps
+
+
+def _repair_prefixes(active: Plan, survivors: Sequence[str], loads: Sequence[float]) -> dict:
+    """Prefix nodes of `active` re-indexed onto the survivors; a node that lost a member gets the
+    least-loaded survivor it lacks (its load share is not re-added: a repair is a stopgap)."""
+    if not active.prefixes:
+        return {}
+    index = {rid: i for i, rid in enumerate(survivors)}
+    out = {}
+    for name, entry in active.prefixes.items():
+        kept = [index[active.replica_ids[i]] for i in entry.replicas if active.replica_ids[i] in index]
+        want = min(len(entry.replicas), len(survivors))
+        for r in sorted((r for r in range(len(survivors)) if r not in kept), key=lambda r: (loads[r], r)):
+            if len(kept) >= want:
+                break
+            kept.append(r)
+        out[name] = replace(entry, replicas=tuple(sorted(kept)))
+    return out
 
 
 def _anchors(active: Plan, replica_ids: Sequence[str], keys: Sequence[str]) -> dict[str, tuple[int, ...]]:

@@ -32,7 +32,7 @@ import csv
 import math
 import os
 from datetime import datetime
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import orjson
@@ -187,21 +187,44 @@ def _azure_rows(lines: Iterable[str], path: str, limit: int | None) -> Iterator[
 
 # ---------------------------------------------------------------- shared
 
-def ideal_hit_rate(requests: list[Request]) -> float:
-    """Token hit rate of one infinite cache fed the whole stream in order: each request
-    hits its longest prefix of blocks seen before (capped at (prompt - 1) // 16 blocks)."""
+def ideal_hits(requests: Sequence[Request]) -> list[int]:
+    """Per request, in order: the prompt tokens one infinite cache that has seen every earlier
+    request (in list order) would hit, i.e. the longest leading run of its blocks seen before,
+    capped at (prompt - 1) // 16 blocks as the engine caps a hit. No engine can hit more for
+    that request: its cache only ever holds blocks of requests scheduled before it, a subset."""
     seen: set[int] = set()
-    hit = total = 0
+    out = []
     for r in requests:
-        blocks, cap = r.blocks, (r.prompt_tokens - 1) // BLOCK_TOKENS
+        blocks = r.blocks
+        limit = min(len(blocks), (r.prompt_tokens - 1) // BLOCK_TOKENS)
         n = 0
-        limit = min(len(blocks), cap)
         while n < limit and blocks[n] in seen:
             n += 1
-        hit += n * BLOCK_TOKENS
-        total += r.prompt_tokens
+        out.append(n * BLOCK_TOKENS)
         seen.update(blocks)
+    return out
+
+
+def window_hit_bound(requests: Sequence[Request], start: float = 0.0, end: float = math.inf,
+                     served: Sequence[bool] | None = None) -> float:
+    """The measured-window infinite-cache bound on a served hit rate: token hit rate of one
+    infinite cache (`ideal_hits`) over the requests arriving in [start, end) (and, if `served`
+    is given, flagged served; `served[i]` belongs to `requests[i]`), with every earlier request,
+    warm-up included, already in the cache. A simulator's hit rate over the same requests
+    cannot exceed it. `requests` must be in arrival order."""
+    hits = ideal_hits(requests)
+    hit = total = 0
+    for i, r in enumerate(requests):
+        if start <= r.arrival < end and (served is None or served[i]):
+            hit += hits[i]
+            total += r.prompt_tokens
     return hit / total if total else 0.0
+
+
+def ideal_hit_rate(requests: Sequence[Request]) -> float:
+    """Token hit rate of one infinite cache fed the whole stream in order (`window_hit_bound`
+    over every request)."""
+    return window_hit_bound(requests)
 
 
 def _arrivals(times: list[float], qps: float | None, path: str) -> list[float]:

@@ -28,7 +28,12 @@ cache before running requests: partly warm (paper's 8B Flat-LB: 56% hit).
 
 Variants:
   paper      the above; arrivals Poisson (cv=1) or gamma renewal with coefficient of
-             variation `cv` (paper's burstiness test: 1.9).
+             variation `cv` (paper's burstiness test: 1.9). With `burst_dwell=D` the arrivals
+             are instead a two-state Markov-modulated Poisson process: a high and a low rate
+             state, each held for an exponential time of mean D seconds, rates r:1 with
+             r = mmpp_ratio(cv) (cv 1.9: r = 7.08, i.e. 1.75x and 0.25x the mean), so the gap
+             CV is `cv` but bursts are correlated over seconds and every replica sees them at
+             once, where i.i.d. gamma gaps thin to near-Poisson per replica.
   whale      paper plus `whales` extra keys (default 4) that together carry
              `whale_share` (default 0.35) of the traffic. At the 8B ablation's 240 QPS
              each whale runs at 21 req/s, above a per-replica q_cap (500 QPS / 30 ~ 17),
@@ -50,6 +55,7 @@ share one `blocks` tuple.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import math
@@ -61,7 +67,7 @@ import numpy as np
 
 from services.core.request import BLOCK_TOKENS, Request
 
-WORKLOADS = ("paper", "whale", "low-reuse", "drift")
+WORKLOADS = ("paper", "whale", "low-reuse", "drift", "flagship")
 
 PAPER_KEYS = 128_824
 PAPER_SIGMA = 1.65
@@ -153,6 +159,8 @@ def make_workload(name: str, *, qps: float, duration: float, seed: int, **knobs:
             build = _low_reuse
         case "drift":
             build = _drift
+        case "flagship":
+            build = _flagship
         case _:
             raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
     valid = [p for p in inspect.signature(build).parameters if p not in ("qps", "duration", "seed")]
@@ -164,8 +172,9 @@ def make_workload(name: str, *, qps: float, duration: float, seed: int, **knobs:
 
 # ---------------------------------------------------------------- variants
 
-def _paper(qps, duration, seed, *, active_set=128, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA):
-    return _keyed("paper", PAPER_PREFIX, PAPER_SUFFIX, qps, duration, seed, active_set, cv, keys, sigma)
+def _paper(qps, duration, seed, *, active_set=128, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA, burst_dwell=None):
+    return _keyed("paper", PAPER_PREFIX, PAPER_SUFFIX, qps, duration, seed, active_set, cv, keys, sigma,
+                  burst_dwell)
 
 
 def _low_reuse(qps, duration, seed, *, active_set=128, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA):
@@ -173,15 +182,91 @@ def _low_reuse(qps, duration, seed, *, active_set=128, cv=1.0, keys=PAPER_KEYS, 
                   cv, keys, sigma)
 
 
-def _keyed(name, prefix, suffix, qps, duration, seed, active_set, cv, keys, sigma):
+def _keyed(name, prefix, suffix, qps, duration, seed, active_set, cv, keys, sigma, burst_dwell=None):
     rng = np.random.default_rng(seed)
     population = lognormal_shares(keys, sigma)
     active = _active_count(active_set, keys)
     names = [f"k{i:06d}" for i in range(active)]
     shares = population[:active] / population[:active].sum()
+    knobs = {"active_set": active, "cv": cv, "keys": keys, "sigma": sigma}
+    if burst_dwell is not None:
+        knobs["burst_dwell"] = burst_dwell
     return _stationary(name, qps, duration, seed, rng, names, shares, cv, prefix, suffix,
-                       knobs={"active_set": active, "cv": cv, "keys": keys, "sigma": sigma},
-                       population=population)
+                       knobs=knobs, population=population, burst_dwell=burst_dwell)
+
+
+# flagship prompt structure, calibrated once (docs/experiments.md, "Flagship calibration")
+FLAGSHIP_SHARED_TOKENS = 1536
+FLAGSHIP_CONTEXT_MEDIAN = 512
+FLAGSHIP_CONTEXT_SIGMA = 0.5
+
+
+def _flagship(qps, duration, seed, *, shared_tokens=FLAGSHIP_SHARED_TOKENS, context_median=FLAGSHIP_CONTEXT_MEDIAN,
+              context_sigma=FLAGSHIP_CONTEXT_SIGMA, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA, burst_dwell=None):
+    """The full population: every key can send traffic; prompt = one prefix shared by every key
+    + the key's own context + a unique suffix (module header)."""
+    if shared_tokens < 0 or context_median < BLOCK_TOKENS:
+        raise ValueError("flagship needs shared_tokens >= 0 and context_median >= 16")
+    rng = np.random.default_rng(seed)
+    population = lognormal_shares(keys, sigma)
+    shared = block_hashes("flagship", "*shared*", int(shared_tokens) // BLOCK_TOKENS)
+    context = _flagship_contexts(rng, keys, context_median, context_sigma)
+    arrivals = arrival_times(rng, qps, duration, cv, burst_dwell)
+    key_idx = _draw(rng, population, len(arrivals))
+    n = len(arrivals)
+    suffix = PAPER_SUFFIX.sample(rng, n).tolist()
+    output = OUTPUT.sample(rng, n).tolist()
+    chains: dict[int, tuple[int, ...]] = {}
+    prefix: dict[str, int] = {}
+    requests = []
+    for rid, (t, k, u, o) in enumerate(zip(arrivals.tolist(), key_idx.tolist(), suffix, output)):
+        key = f"k{k:06d}"
+        chain = chains.get(k)
+        if chain is None:
+            own = int(context[k])
+            chain = chains[k] = shared + block_hashes("flagship", key, own // BLOCK_TOKENS)
+            prefix[key] = len(chain) * BLOCK_TOKENS
+        requests.append(Request(rid, t, key, prefix[key] + u, o, chain))
+    names = tuple(f"k{k:06d}" for k in sorted(chains, key=lambda k: (-population[k], k)))
+    rates = {f"k{k:06d}": float(qps * population[k]) for k in chains}
+    knobs = {"shared_tokens": int(shared_tokens) // BLOCK_TOKENS * BLOCK_TOKENS, "context_median": context_median,
+             "context_sigma": context_sigma, "cv": cv, "keys": keys, "sigma": sigma, "active_set": keys}
+    return Workload("flagship", qps, duration, seed, requests, names, prefix, rates, (RateEpoch(0.0, rates),),
+                    knobs, population)
+
+
+def _flagship_contexts(rng, keys, context_median, context_sigma) -> np.ndarray:
+    """One context length per key of the population (the workload's first draw from its rng)."""
+    dist = LengthDist(float(context_median), float(context_sigma), BLOCK_TOKENS, int(8 * context_median))
+    return _block_align(dist.sample(rng, keys))
+
+
+def history_rates(name: str, *, qps: float, seconds: float, seed: int, history_seed: int,
+                  **knobs: Any) -> list[tuple[str, float, int]]:
+    """(key, measured req/s, prefix tokens) of an independent `seconds`-long history of workload
+    `name` (same keys and prefixes as `make_workload(name, seed=seed)`, arrivals drawn with
+    `history_seed`): what a planner's aggregated per-key rate data would hold. Counts are
+    Poisson(rate x seconds) per key, so nothing is simulated. `paper` and `flagship` only."""
+    if seconds <= 0:
+        raise ValueError("history seconds must be positive")
+    draw = np.random.default_rng(history_seed)
+    keys = knobs.get("keys", PAPER_KEYS)
+    population = lognormal_shares(keys, knobs.get("sigma", PAPER_SIGMA))
+    rng = np.random.default_rng(seed)
+    if name == "flagship":
+        shared = int(knobs.get("shared_tokens", FLAGSHIP_SHARED_TOKENS)) // BLOCK_TOKENS * BLOCK_TOKENS
+        prefix = shared + _flagship_contexts(rng, keys, knobs.get("context_median", FLAGSHIP_CONTEXT_MEDIAN),
+                                             knobs.get("context_sigma", FLAGSHIP_CONTEXT_SIGMA))
+        shares = population
+    elif name == "paper":
+        active = _active_count(knobs.get("active_set", 128), keys)
+        prefix = _block_align(PAPER_PREFIX.sample(rng, active))
+        shares = population[:active] / population[:active].sum()
+    else:
+        raise ValueError(f"history_rates supports paper and flagship, not {name!r}")
+    counts = draw.poisson(qps * seconds * shares)
+    return [(f"k{i:06d}", float(c) / seconds, int(prefix[i])) for i in np.flatnonzero(counts).tolist()
+            for c in (counts[i],)]
 
 
 def _whale(qps, duration, seed, *, whales=4, whale_share=0.35, active_set=128, cv=1.0,
@@ -238,6 +323,11 @@ def _drift(qps, duration, seed, *, interval=60.0, drift_sigma=0.3, active_set=12
 
 def lognormal_shares(n: int, sigma: float) -> np.ndarray:
     """Request shares of n keys at Blom plotting positions of LogNormal(0, sigma), hottest first."""
+    return _lognormal_shares(int(n), float(sigma)).copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _lognormal_shares(n: int, sigma: float) -> np.ndarray:
     inv = NormalDist().inv_cdf
     z = np.array([inv((n - i - 0.375) / (n + 0.25)) for i in range(n)])
     w = np.exp(sigma * z)
@@ -251,10 +341,15 @@ def gini(shares: np.ndarray) -> float:
     return float((n + 1 - 2 * (cum.sum() / cum[-1])) / n)
 
 
-def arrival_times(rng: np.random.Generator, qps: float, duration: float, cv: float = 1.0) -> np.ndarray:
-    """Renewal arrivals on [0, duration): exponential gaps (cv=1) or gamma gaps with that CV."""
+def arrival_times(rng: np.random.Generator, qps: float, duration: float, cv: float = 1.0,
+                  burst_dwell: float | None = None) -> np.ndarray:
+    """Arrivals on [0, duration). Renewal: exponential gaps (cv=1) or gamma gaps with that CV.
+    With `burst_dwell` (seconds): a two-state Markov-modulated Poisson process (module header)
+    whose gap CV is `cv`, bursts lasting `burst_dwell` on average."""
     if cv <= 0:
         raise ValueError("cv must be positive")
+    if burst_dwell is not None:
+        return _mmpp_times(rng, qps, duration, cv, burst_dwell)
     shape = 1.0 / (cv * cv)
     mean_gap = 1.0 / qps
     chunks, t, expected = [], 0.0, qps * duration
@@ -266,6 +361,31 @@ def arrival_times(rng: np.random.Generator, qps: float, duration: float, cv: flo
         t = float(times[-1])
     arrivals = np.concatenate(chunks)
     return arrivals[arrivals < duration]
+
+
+def mmpp_ratio(cv: float) -> float:
+    """High/low rate ratio r of the two-state MMPP whose gap CV is `cv` (equal mean dwell in
+    both states, dwell >> gap): gaps are then a mixture of the two exponentials weighted by the
+    arrivals in each state, so CV^2 = (1 + r)^2 / (2 r) - 1."""
+    if cv < 1.0:
+        raise ValueError("an MMPP's gap CV is at least 1")
+    c = 2.0 * (cv * cv + 1.0)
+    return ((c - 2.0) + math.sqrt((c - 2.0) ** 2 - 4.0)) / 2.0
+
+
+def _mmpp_times(rng: np.random.Generator, qps: float, duration: float, cv: float, dwell: float) -> np.ndarray:
+    if dwell <= 0:
+        raise ValueError("burst_dwell must be positive")
+    r = mmpp_ratio(cv)
+    rates = (2.0 * qps * r / (1.0 + r), 2.0 * qps / (1.0 + r))     # mean of the two = qps
+    state = int(rng.random() < 0.5)
+    t, chunks = 0.0, []
+    while t < duration:
+        end = min(duration, t + rng.exponential(dwell))
+        n = rng.poisson(rates[state] * (end - t))
+        chunks.append(np.sort(rng.uniform(t, end, n)))
+        t, state = end, 1 - state
+    return np.concatenate(chunks) if chunks else np.empty(0)
 
 
 def block_hashes(namespace: str, key: str, blocks: int) -> tuple[int, ...]:
@@ -280,9 +400,9 @@ def block_hashes(namespace: str, key: str, blocks: int) -> tuple[int, ...]:
 
 
 def _stationary(name, qps, duration, seed, rng, names, shares, cv, prefix_dist, suffix_dist,
-                *, knobs, population):
+                *, knobs, population, burst_dwell=None):
     prefix = dict(zip(names, _block_align(prefix_dist.sample(rng, len(names))).tolist()))
-    arrivals = arrival_times(rng, qps, duration, cv)
+    arrivals = arrival_times(rng, qps, duration, cv, burst_dwell)
     key_idx = _draw(rng, shares, len(arrivals))
     rates = dict(zip(names, (qps * shares).tolist()))
     return _assemble(name, qps, duration, seed, rng, names, prefix, arrivals, key_idx,

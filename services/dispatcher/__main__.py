@@ -14,6 +14,9 @@ Environment variables (flags override them):
                                             cold key to the same replica while loads are balanced);
                                             default chwbl (services.model.DEFAULT_COLD_TAIL, as in the
                                             simulator; CACHEROUTE_COLD is read when CACHEROUTE_COLD_TAIL is unset)
+  CACHEROUTE_PREFIX_NODES (0)               1: the prefix-aware policy (cacheroute-prefix: routes cold keys
+                                            by the plan's prefix nodes, balances on prefill tokens, sends
+                                            each arrival's prefix chain to the collector; docs/architecture.md)
   CACHEROUTE_POLL_INTERVAL (0.25)           replica health/stats poll period, seconds
   CACHEROUTE_POLL_TIMEOUT (0.2)             deadline of each poll RPC, seconds
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
@@ -71,6 +74,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--dispatcher-id", default=env("DISPATCHER_ID", "dispatcher-0"), help="(env CACHEROUTE_DISPATCHER_ID)")
     g.add_argument("--key-blocks", type=int, default=env_number("KEY_BLOCKS", "4", int), help="(env CACHEROUTE_KEY_BLOCKS, default 4)")
     g.add_argument("--key-tokens", type=int, default=env_number("KEY_TOKENS", "64", int), help="(env CACHEROUTE_KEY_TOKENS, default 64)")
+    g.add_argument("--prefix-nodes", type=int, choices=(0, 1), default=env("PREFIX_NODES", "0"),
+                   help="1: prefix-aware routing (env CACHEROUTE_PREFIX_NODES, default 0)")
     g.add_argument("--cold-tail", "--cold", dest="cold", default=env("COLD_TAIL", env("COLD", DEFAULT_COLD_TAIL)),
                    choices=COLD_TAILS, help=f"cold-tail policy (env CACHEROUTE_COLD_TAIL, default {DEFAULT_COLD_TAIL})")
     g.add_argument("--poll-interval", type=float, default=env_number("POLL_INTERVAL", "0.25", float))
@@ -132,7 +137,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         server=server, replicas=replicas, dispatcher_id=args.dispatcher_id,
         planner=args.planner, redis_url=args.redis, collector=args.collector,
         rules=KeyRules(blocks=args.key_blocks, tokens=args.key_tokens, max_batch=args.max_batch),
-        cold=args.cold, poll_interval=args.poll_interval, poll_timeout=args.poll_timeout,
+        cold=args.cold, prefix_nodes=bool(args.prefix_nodes), poll_interval=args.poll_interval,
+        poll_timeout=args.poll_timeout,
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
         seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
         budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring)

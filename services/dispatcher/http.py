@@ -69,6 +69,7 @@ from services.rpc import kv
 log = logging.getLogger("cacheroute.dispatcher.http")
 REASONS = {Reason.PLANNED: "planned", Reason.COLD: "cold", Reason.FALLBACK: "fallback"}
 DEFAULT_MAX_TOKENS = 16     # the simulated engine's default, when a request to it sets none
+_JSON = {"content-type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ class FrontDoor:
         self.serving = True
         self.session: aiohttp.ClientSession | None = None
         self._models: tuple[float, list] = (0.0, [])
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout,
+                                              sock_read=config.upstream_timeout)
         self._requests = Counter("cacheroute_http_requests", "HTTP API requests by endpoint and status",
                                  ["endpoint", "status"], registry=registry)
         self._upstream = Counter("cacheroute_http_upstream_errors", "engine failures seen by the HTTP API",
@@ -256,11 +259,8 @@ class FrontDoor:
             options = doc.get("stream_options")
             doc = {**doc, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
             body = orjson.dumps(doc)
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout,
-                                        sock_read=self.config.upstream_timeout)
         try:
-            up_cm = self.session.post(backend.base_url + path, data=body, timeout=timeout,
-                                      headers={"content-type": "application/json"})
+            up_cm = self.session.post(backend.base_url + path, data=body, timeout=self._timeout, headers=_JSON)
             upstream = await up_cm.__aenter__()
         except asyncio.TimeoutError:
             self._eject(i, "timed out")

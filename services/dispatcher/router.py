@@ -29,27 +29,41 @@ from typing import Iterable, Sequence
 from services.core.plan import Plan
 from services.core.policies import make_policy
 from services.core.policy import ClusterState, Pick, Reason
+from services.core.prefixes import chain_ids
 from services.model import DEFAULT_COLD_TAIL, Replica
 
 
 class _Probe:
-    """The one field the cacheroute policy reads from a request, reused across calls
-    (building a frozen Request per call would cost more than the decision)."""
+    """The fields the cacheroute policy reads from a request, reused across calls (building a
+    frozen Request per call would cost more than the decision). `blocks`, `prompt_tokens` and
+    `prefix_tokens` matter only to the prefix-aware policy (`prefix_nodes=True`)."""
 
-    __slots__ = ("key",)
+    __slots__ = ("key", "blocks", "prompt_tokens", "prefix_tokens")
 
     def __init__(self) -> None:
         self.key = ""
+        self.blocks: Sequence[int] = ()
+        self.prompt_tokens = 0
+        self.prefix_tokens = 0
 
 
 class Router:
     def __init__(self, replicas: Sequence[Replica], *, seed: int | None = None, cold: str = DEFAULT_COLD_TAIL,
-                 telemetry_capacity: int = 100_000) -> None:
+                 telemetry_capacity: int = 100_000, prefix_nodes: bool = False) -> None:
         self.replicas = tuple(replicas)
         self.ids = tuple(r.id for r in self.replicas)
         self._index = {rid: i for i, rid in enumerate(self.ids)}
         n = len(self.replicas)
-        self.policy = make_policy("cacheroute", n, seed=seed if seed is not None else 0, cold=cold)
+        # prefix_nodes: the simulator's `cacheroute-prefix` policy (prefix nodes, token balance)
+        self.prefix_nodes = prefix_nodes
+        self.policy = make_policy("cacheroute-prefix" if prefix_nodes else "cacheroute", n,
+                                  seed=seed if seed is not None else 0, cold=cold)
+        # the token-balance signal, ClusterState.prefill_tokens: the larger of the engine's reported
+        # prefill backlog (EngineStats.prefill_tokens, shared by every dispatcher) and the prompt
+        # tokens of this dispatcher's own Generate streams with no first token yet (all there is
+        # behind an engine that does not report a backlog)
+        self.engine_prefill = [0] * n
+        self.local_prefill = [0] * n
         self.state = ClusterState.empty(n)
         self.state.healthy[:] = [False] * n          # until the first health poll says otherwise
         self.engine_load = [0] * n                   # waiting + running at the last stats poll
@@ -72,13 +86,17 @@ class Router:
     # ------------------------------------------------------------ the decision
 
     def route(self, key: str, now: float, prompt_tokens: int = 0, prefix_tokens: int = 0, *,
-              report: bool = True, avoid: int = -1) -> Pick:
+              report: bool = True, avoid: int = -1, blocks: Sequence[int] = ()) -> Pick:
         """Pick a replica for `key` and account for it. NoHealthyReplica when none is healthy.
         `report`: buffer the arrival for telemetry now (False: the caller decides later, with
         `record_arrival`, or not at all). `avoid`: a replica not to pick (one that just
-        refused this request); NoHealthyReplica if no other replica is healthy."""
+        refused this request); NoHealthyReplica if no other replica is healthy. `blocks`: the
+        prompt's cacheable block hashes, for the prefix-aware policy and its telemetry chain."""
         probe = self._probe
         probe.key = key
+        probe.blocks = blocks
+        probe.prompt_tokens = prompt_tokens
+        probe.prefix_tokens = prefix_tokens
         healthy = self.state.healthy
         if avoid >= 0 and healthy[avoid]:
             healthy[avoid] = False
@@ -94,13 +112,19 @@ class Router:
         self.routed_to[i] += 1
         self.counts[pick.reason] += 1
         if report:
-            self.record_arrival(key, now, prompt_tokens, prefix_tokens)
+            self.record_arrival(key, now, prompt_tokens, prefix_tokens, blocks)
         return pick
 
-    def record_arrival(self, key: str, now: float, prompt_tokens: int = 0, prefix_tokens: int = 0) -> None:
+    def record_arrival(self, key: str, now: float, prompt_tokens: int = 0, prefix_tokens: int = 0,
+                       blocks: Sequence[int] = ()) -> None:
+        """Buffer one arrival; with prefix nodes on and `blocks` given, with its prefix chain
+        (a 5th element: the block hashes at NODE_DEPTHS)."""
         buf = self.telemetry
         if len(buf) < self.telemetry_capacity:
-            buf.append((key, now, prompt_tokens, prefix_tokens))
+            if self.prefix_nodes and blocks:
+                buf.append((key, now, prompt_tokens, prefix_tokens, chain_ids(blocks)))
+            else:
+                buf.append((key, now, prompt_tokens, prefix_tokens))
         else:
             self.telemetry_dropped += 1
 
@@ -164,7 +188,12 @@ class Router:
             local = tuple(moved[m] for m in members if moved[m] >= 0)
             if local:
                 table[key] = local
-        return dataclasses.replace(plan, replica_ids=self.ids, table=table)
+        prefixes = {}
+        for name, entry in plan.prefixes.items():
+            local = tuple(moved[m] for m in entry.replicas if moved[m] >= 0)
+            if local:
+                prefixes[name] = dataclasses.replace(entry, replicas=local)
+        return dataclasses.replace(plan, replica_ids=self.ids, table=table, prefixes=prefixes)
 
     # ------------------------------------------------------------ load and health
 
@@ -178,6 +207,8 @@ class Router:
         self.state.in_flight[i] = self.engine_load[i] + self.recent[i]
         self.state.kv_usage[i] = kv_usage
         self.engine_stats[i] = stats
+        self.engine_prefill[i] = getattr(stats, "prefill_tokens", 0) or 0
+        self.state.prefill_tokens[i] = max(self.engine_prefill[i], self.local_prefill[i])
 
     def set_healthy(self, i: int, healthy: bool) -> bool:
         """Mark replica i; True if that changed its health."""
@@ -187,6 +218,14 @@ class Router:
 
     def index_of(self, replica_id: str) -> int:
         return self._index[replica_id]
+
+    def prefill_started(self, i: int, tokens: int) -> None:
+        self.local_prefill[i] += tokens
+        self.state.prefill_tokens[i] = max(self.engine_prefill[i], self.local_prefill[i])
+
+    def prefill_done(self, i: int, tokens: int) -> None:
+        self.local_prefill[i] = max(0, self.local_prefill[i] - tokens)
+        self.state.prefill_tokens[i] = max(self.engine_prefill[i], self.local_prefill[i])
 
     def stream_opened(self, i: int) -> None:
         self.outstanding[i] += 1

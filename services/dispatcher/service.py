@@ -38,6 +38,7 @@ class DispatcherConfig:
     collector: str = ""
     rules: KeyRules = KeyRules()
     cold: str = DEFAULT_COLD_TAIL
+    prefix_nodes: bool = False             # route by prefix nodes, token balance (policy cacheroute-prefix)
     poll_interval: float = 0.25
     poll_timeout: float = 0.2
     telemetry_interval: float = 0.5
@@ -96,7 +97,7 @@ class DispatcherService:
     def __init__(self, config: DispatcherConfig) -> None:
         self.config = config
         self.router = Router(config.replicas, seed=config.seed, cold=config.cold,
-                             telemetry_capacity=config.telemetry_capacity)
+                             telemetry_capacity=config.telemetry_capacity, prefix_nodes=config.prefix_nodes)
         tls = config.server.tls
         self.monitor = ReplicaMonitor(self.router, interval=config.poll_interval, timeout=config.poll_timeout, tls=tls,
                                       default_kind=config.engine_kind)

@@ -168,9 +168,10 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         return n if caller is None else self.budget.take(caller, n, now)
 
     def _route(self, key: str, prompt_tokens: int, prefix_tokens: int, now: float, *, report: bool = True,
-               avoid: int = -1):
+               avoid: int = -1, blocks=()):
         try:
-            return self.router.route(key, now, prompt_tokens, prefix_tokens, report=report, avoid=avoid)
+            return self.router.route(key, now, prompt_tokens, prefix_tokens, report=report, avoid=avoid,
+                                     blocks=blocks)
         except NoHealthyReplica:
             raise Unavailable("no healthy replica") from None
 
@@ -183,7 +184,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         key, prefix_tokens = route_key(request, self.rules)
         now = time.time()
         report = self._granted(context, 1, now) == 1
-        pick = self._route(key, request.prompt_tokens, prefix_tokens, now, report=report)
+        blocks = request.prefix.block_hashes if self.router.prefix_nodes and request.HasField("prefix") else ()
+        pick = self._route(key, request.prompt_tokens, prefix_tokens, now, report=report, blocks=blocks)
         if not report:
             self.router.telemetry_capped += 1
         return self._decision(pick, key)
@@ -209,13 +211,16 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
 
     async def Generate(self, request, context) -> AsyncIterator[engine_pb2.GenerateChunk]:
         key, prompt_tokens, prefix_tokens = generate_key(request, self.rules)
+        blocks = ()
+        if self.router.prefix_nodes and request.WhichOneof("prompt_source") == "blocks":
+            blocks = routing.cacheable_blocks(request.blocks.block_hashes, prompt_tokens)
         timeout = context.time_remaining() or self.rules.generate_timeout
         now, avoid = time.time(), -1
         for attempt in range(2):
             # a replica that fails (UNAVAILABLE) or is full (RESOURCE_EXHAUSTED) before its first
             # chunk is replaced once, by another healthy one
             try:
-                pick = self._route(key, prompt_tokens, prefix_tokens, now, report=False, avoid=avoid)
+                pick = self._route(key, prompt_tokens, prefix_tokens, now, report=False, avoid=avoid, blocks=blocks)
             except Unavailable:
                 if avoid < 0:
                     raise
@@ -228,14 +233,16 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
                                          "dispatcher's OpenAI HTTP API")
             call = engine.Generate(request, timeout=timeout)
             self.router.stream_opened(i)
+            self.router.prefill_started(i, prompt_tokens)
             first = True
             try:
                 async for chunk in call:
                     if first:
                         chunk.route.CopyFrom(decision)
                         first = False
+                        self.router.prefill_done(i, prompt_tokens)
                         # served: the engine took the request, so it counts as planner input
-                        self.router.record_arrival(key, now, prompt_tokens, prefix_tokens)
+                        self.router.record_arrival(key, now, prompt_tokens, prefix_tokens, blocks)
                     yield chunk
                 return
             except grpc.aio.AioRpcError as err:
@@ -244,6 +251,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
                     raise error from None
                 avoid = i
             finally:
+                if first:
+                    self.router.prefill_done(i, prompt_tokens)
                 call.cancel()
                 self.router.stream_closed(i)
 

@@ -63,8 +63,9 @@ class ArrivalReporter:
             self._seq += 1
             batch = collector_pb2.ArrivalBatch(batch_id=f"{self.source}-{self._boot}-{self._seq}", source=self.source)
             batch.arrivals.extend(
-                collector_pb2.Arrival(key=k, time=t, prompt_tokens=p, prefix_tokens=x)
-                for k, t, p, x in arrivals[start:start + self.batch_size])
+                collector_pb2.Arrival(key=a[0], time=a[1], prompt_tokens=a[2], prefix_tokens=a[3],
+                                      prefix_nodes=a[4] if len(a) > 4 else ())
+                for a in arrivals[start:start + self.batch_size])
             out.append(batch)
         return out
 

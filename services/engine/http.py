@@ -1,7 +1,8 @@
 """The simulated engine's OpenAI HTTP API (`--http-port`), beside its gRPC service.
 
 Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streaming SSE or not),
-`GET /v1/models`, `GET /health`, `GET /metrics`. Requests run on the same EngineRunner as
+`GET /v1/models`, `GET /health`, `GET /metrics`, and vLLM's `POST /tokenize` (the token ids of
+`messages` or `prompt`, which vllm-router's cache_aware policy asks every worker for). Requests run on the same EngineRunner as
 gRPC Generate, so both share one KV cache and one queue.
 
 - Prompt: the request's canonical text (services.oai: chat messages as `role: content`
@@ -95,6 +96,7 @@ class EngineHttpApi:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/tokenize", self.tokenize)
         return app
 
     @web.middleware
@@ -114,6 +116,22 @@ class EngineHttpApi:
         if not self.serving:
             return _error(oai.ApiError(503, "engine is stopping", "service_unavailable", "stopping"))
         return web.json_response({"status": "ok", "replica_id": self.replica_id})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's `POST /tokenize` (`messages` or `prompt`): the token ids this engine caches by.
+        vllm-router's cache_aware matches prefixes on these; without them it cannot (bench/peers.py)."""
+        doc = oai.parse_json(await request.read())
+        try:
+            if isinstance(doc.get("messages"), list):
+                text = oai.chat_text(doc["messages"])
+            elif "prompt" in doc:
+                text = oai.prompt_text(doc["prompt"])
+            else:
+                raise ValueError("tokenize needs `messages` or `prompt`")
+        except (ValueError, AttributeError) as exc:
+            raise oai.bad_request(str(exc).splitlines()[0] if str(exc) else "bad tokenize request") from None
+        ids = routing.tokenize(text)
+        return web.json_response({"count": len(ids), "max_model_len": self.limits.max_prompt_tokens, "tokens": ids})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.registry), content_type="text/plain", charset="utf-8")

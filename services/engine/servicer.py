@@ -85,4 +85,4 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             replica_id=self.replica_id, profile=self.profile, waiting=model.waiting + self.runner.pending,
             running=model.running, kv_usage=model.kv_usage, requests=model.requests,
             prompt_tokens=model.prompt_tokens, cached_tokens=model.cached_tokens, preemptions=model.preemptions,
-            kv_blocks=model.kv_blocks, time_scale=self.runner.time_scale)
+            kv_blocks=model.kv_blocks, time_scale=self.runner.time_scale, prefill_tokens=model.prefill_backlog)

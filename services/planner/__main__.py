@@ -10,12 +10,18 @@ Environment variables (flags override them):
   CACHEROUTE_WARM_SLOTS (8)                        W: prefixes one replica keeps warm
   CACHEROUTE_INTERVAL (30)                         seconds between control-loop iterations
   CACHEROUTE_WINDOW_SECONDS (300)                  telemetry window the rates are measured over
+  CACHEROUTE_RATE_HORIZON (0 = off)                plan from an EWMA of per-key rates over this horizon, seconds
+                                                   (nested windows of the buckets; 0: the last window only)
+  CACHEROUTE_RATE_HISTORY (min(max(3 x horizon, window), retention))  longest span that EWMA reads, seconds
   CACHEROUTE_INCREMENTAL (1)                       churn-aware re-planning when available (0: from scratch)
   CACHEROUTE_SWITCH_KNOBS ("")                     switching-rule knobs NAME=VALUE,... (services.core.switching)
   CACHEROUTE_PLANNER_ID (hostname-pid)             lease holder name
   CACHEROUTE_LEASE_TTL (15)                        planner lease TTL, seconds (renewed every TTL/3)
   CACHEROUTE_KEEP_VERSIONS (500)                   stored versions kept (active, pinned, history always kept)
   CACHEROUTE_AUTO (1)                              run the control loop (0: RPCs only, never leads)
+  CACHEROUTE_PREFIX_NODES (0)                      1: prefix-aware plans (prefix nodes from the dispatchers' chains,
+                                                   sticky placement; services.core.prefixes), with the window's
+                                                   available and achieved hit rates on each plan
   CACHEROUTE_MAX_MOVES (8)                         incremental rebalancing moves per loop, 0 = unbounded
                                                    (a returning replica gets at most this many key shares a loop)
 
@@ -79,8 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warm-slots", type=int, default=env_number("WARM_SLOTS", "8", int), help="W, prefixes per replica (default 8)")
     g.add_argument("--interval", type=float, default=env_number("INTERVAL", "30", float), help="loop period, seconds (default 30)")
     g.add_argument("--window", type=float, default=env_number("WINDOW_SECONDS", "300", float), help="rate window, seconds (default 300)")
+    g.add_argument("--rate-horizon", type=float, default=env_number("RATE_HORIZON", "0", float),
+                   help="EWMA horizon of per-key rates, seconds; 0 = the last --window only (default 0)")
+    g.add_argument("--rate-history", type=float, default=env_number("RATE_HISTORY", "0", float),
+                   help="longest span the EWMA reads, seconds (default min(max(3 x horizon, window), retention))")
     g.add_argument("--incremental", type=int, choices=(0, 1), default=env_number("INCREMENTAL", "1", int),
                    help="1: churn-aware re-planning when available (default 1)")
+    g.add_argument("--prefix-nodes", type=int, choices=(0, 1), default=env_number("PREFIX_NODES", "0", int),
+                   help="1: prefix-aware plans (env CACHEROUTE_PREFIX_NODES, default 0)")
     g.add_argument("--switch-knobs", default=env("SWITCH_KNOBS", ""),
                    help="switching-rule knobs NAME=VALUE,... (env CACHEROUTE_SWITCH_KNOBS)")
     g.add_argument("--planner-id", default=env("PLANNER_ID", f"{socket.gethostname()}-{os.getpid()}"),
@@ -159,6 +171,16 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
         raise ValueError("--window must not exceed --retention-seconds")
     if args.warm_slots < 1:
         raise ValueError("--warm-slots must be >= 1")
+    for name in ("rate_horizon", "rate_history"):
+        value = getattr(args, name)
+        if not (value >= 0 and value != float("inf")):
+            raise ValueError(f"--{name.replace('_', '-')} must be a number of seconds >= 0")
+    if args.rate_history > args.retention_seconds:
+        raise ValueError("--rate-history must not exceed --retention-seconds")
+    horizon = args.rate_horizon or None
+    history = args.rate_history or (min(max(3 * horizon, args.window), args.retention_seconds) if horizon else 0.0)
+    if horizon and history < args.window:
+        raise ValueError("--rate-history must be at least --window")
     if args.max_moves < 0:
         raise ValueError("--max-moves must be >= 0")
     for name in ("health_interval", "health_timeout", "repair_grace"):
@@ -168,7 +190,8 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
     loop = LoopConfig(replica_ids=tuple(r.id for r in replicas), q_cap=args.q_cap, warm_slots=args.warm_slots,
                       interval=args.interval, window_seconds=args.window, incremental=bool(args.incremental),
                       switching=switching_config(parse_knobs(args.switch_knobs)), planner_id=args.planner_id,
-                      lease_ttl=args.lease_ttl, keep_versions=args.keep_versions, max_moves=args.max_moves or None)
+                      lease_ttl=args.lease_ttl, keep_versions=args.keep_versions, max_moves=args.max_moves or None,
+                      rate_horizon=horizon, rate_history=history, prefix=bool(args.prefix_nodes))
     return PlannerConfig(server=server_config("planner", args), loop=loop, redis_url=args.redis,
                          key_prefix=args.key_prefix, telemetry=telemetry_from_args(args), auto=bool(args.auto),
                          gate=gate_from_args(args), replica_addresses={r.id: r.address for r in replicas if r.address},

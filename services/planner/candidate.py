@@ -58,6 +58,9 @@ class BuildInputs:
     warm_slots: int
     snapshot_id: str = ""
     window_seconds: float = 0.0
+    nodes: tuple = ()                      # prefix-node samples of the window (LoopConfig.prefix)
+    prompt_tokens: float = 0.0             # prompt tokens of the window's arrivals
+    achieved_hit_rate: float | None = None  # cached / prompt tokens the engines reported over the window
 
     @classmethod
     def from_snapshot(cls, snap: RatesSnapshot, replica_ids: Sequence[str], q_cap: float, warm_slots: int) -> "BuildInputs":
@@ -66,9 +69,23 @@ class BuildInputs:
 
 
 def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, created_at: float,
-                    incremental: bool, max_moves: int | None = None) -> Plan:
+                    incremental: bool, max_moves: int | None = None, prefix: bool = False) -> Plan:
     """A candidate: churn-aware from `active` when asked and possible (at most `max_moves`
-    rebalancing moves; None: unbounded), else LPT from scratch."""
+    rebalancing moves; None: unbounded), else LPT from scratch. `prefix`: the prefix-aware,
+    sticky plan (services.core.prefixes.build_prefix_plan; the simulator's cacheroute-prefix),
+    with the window's available and achieved hit rates in `extra`."""
+    if prefix:
+        from services.core.prefixes import build_prefix_plan
+
+        pt = inputs.prefix_tokens
+        tokens = [pt.get(k, 0.0) for k in inputs.keys] if isinstance(pt, Mapping) else [float(pt)] * len(inputs.keys)
+        plan = build_prefix_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
+                                 prefix_tokens=tokens, nodes=inputs.nodes, window_seconds=inputs.window_seconds,
+                                 active=active, version=version, created_at=created_at,
+                                 rates_snapshot_id=inputs.snapshot_id, prompt_tokens=inputs.prompt_tokens)
+        if inputs.achieved_hit_rate is not None:
+            plan = dataclasses.replace(plan, extra={**plan.extra, "achieved_hit_rate": inputs.achieved_hit_rate})
+        return plan
     if incremental and active is not None:
         plan = replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
                                   inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves)
@@ -96,13 +113,14 @@ class Proposal(Generic[T]):
 
 async def propose(store: Store, inputs: BuildInputs, *, now: float, incremental: bool,
                   max_moves: int | None, switching: SwitchConfig | None, activate: ActivateStep[T],
-                  check: CheckStep | None = None, review: ReviewStep | None = None) -> Proposal[T]:
+                  check: CheckStep | None = None, review: ReviewStep | None = None,
+                  prefix: bool = False) -> Proposal[T]:
     """Build, [check], version, decide, [review], store and activate one candidate (module header)."""
     state, active = await store.get_active_plan()
     last = await store.history(1)
     started = time.perf_counter()
     plan = await asyncio.to_thread(build_candidate, inputs, active, version=0, created_at=now,
-                                   incremental=incremental, max_moves=max_moves)
+                                   incremental=incremental, max_moves=max_moves, prefix=prefix)
     built = time.perf_counter() - started
     if check is not None:
         check(state)

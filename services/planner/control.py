@@ -24,14 +24,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from services.core.plan import Plan
+from services.core.rates import nested_window_rates
 from services.core.switching import SwitchConfig
 from services.errors import FailedPrecondition, Unavailable
-from services.model import ControlState, Mode
+from services.model import ControlState, Mode, RatesSnapshot
 from services.planner.candidate import BuildInputs, propose
 from services.rpc import kv, stop_tasks
 from services.store import Fenced, FlatMode, Pinned, StaleVersion, Store
@@ -53,6 +55,29 @@ def switching_config(knobs: Mapping[str, float]) -> SwitchConfig:
     return cls(**knobs)
 
 
+async def history_snapshot(store: Store, now: float, window: float, horizon: float, history: float) -> RatesSnapshot:
+    """Per-key rates as an EWMA over the collector's buckets (services.core.rates.nested_window_rates):
+    nested windows of `window`, 2x, 4x ... seconds up to `history`, slices weighted by e^(-age/horizon).
+    Stateless, so a new lease holder computes the same rates. Keys, prompt and prefix means come from
+    the longest window; the snapshot id names every window read."""
+    spans = [window]
+    while spans[-1] * 2 < history:
+        spans.append(spans[-1] * 2)
+    if history > spans[-1]:
+        spans.append(history)
+    snaps = [await store.window_rates(now, span) for span in spans]
+    rates = nested_window_rates([(sn.window_seconds, {k: r * sn.window_seconds for k, r in zip(sn.keys, sn.rates)})
+                                 for sn in snaps], horizon)
+    longest = snaps[-1]
+    prompt = dict(zip(longest.keys, longest.mean_prompt_tokens))
+    prefix = longest.prefix_map()
+    keys = tuple(sorted(rates, key=lambda k: (-rates[k], k)))
+    return dataclasses.replace(longest, snapshot_id="ewma:" + "+".join(sn.snapshot_id for sn in snaps),
+                               keys=keys, rates=tuple(rates[k] for k in keys),
+                               mean_prompt_tokens=tuple(prompt.get(k, 0.0) for k in keys),
+                               mean_prefix_tokens=tuple(prefix.get(k, 0.0) for k in keys))
+
+
 @dataclass(frozen=True)
 class LoopConfig:
     replica_ids: tuple[str, ...]
@@ -67,6 +92,9 @@ class LoopConfig:
     keep_versions: int = 500
     min_arrivals: int = 1
     max_moves: int | None = None          # incremental rebalancing moves per loop (None: unbounded)
+    rate_horizon: float | None = None     # EWMA horizon of per-key rates (None: the last window only)
+    rate_history: float = 0.0             # longest telemetry span the EWMA reads (<= retention)
+    prefix: bool = False                  # prefix-aware plans from the collector's prefix-node counts
 
 
 @dataclass
@@ -85,6 +113,7 @@ class LoopStatus:
     token: int = 0
     last_loop_at: float = 0.0
     last_outcome: str = ""
+    hit_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)   # available / achieved, last window
 
 
 class ControlLoop:
@@ -103,6 +132,7 @@ class ControlLoop:
         self._token: int | None = None
         self._lease_valid_until = 0.0          # monotonic; renewals that fail past this depose us
         self._last_loop_at = 0.0
+        self._hit_rates: dict[str, float] = {}
         self._last_outcome = "not run"
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -115,7 +145,7 @@ class ControlLoop:
         return self._token is not None and time.monotonic() < self._lease_valid_until
 
     def status(self) -> LoopStatus:
-        return LoopStatus(self.leader, self._token or 0, self._last_loop_at, self._last_outcome)
+        return LoopStatus(self.leader, self._token or 0, self._last_loop_at, self._last_outcome, dict(self._hit_rates))
 
     # ---- lifecycle
 
@@ -202,10 +232,15 @@ class ControlLoop:
     async def run_once(self, token: int | None) -> str:
         """One interval; returns a one-line outcome."""
         cfg, store, now = self.config, self.store, self.clock()
-        snap = await store.window_rates(now, cfg.window_seconds)
+        if cfg.rate_horizon is None:
+            snap = await store.window_rates(now, cfg.window_seconds)
+        else:
+            snap = await history_snapshot(store, now, cfg.window_seconds, cfg.rate_horizon, cfg.rate_history)
         if snap.total_arrivals < cfg.min_arrivals:
             return f"skipped: {snap.total_arrivals} arrivals in the window"
         inputs = BuildInputs.from_snapshot(snap, self.replicas(), cfg.q_cap, cfg.warm_slots)
+        if cfg.prefix:
+            inputs = await self.prefix_inputs(inputs, snap, now)
 
         async def gate(plan: Plan, state: ControlState, active: Plan | None) -> tuple[Plan, "Verdict"]:
             return await self.gate_candidate(plan, state, active, now)
@@ -214,10 +249,11 @@ class ControlLoop:
             return await self.settle(plan, state, verdict, token, now)
 
         done = await propose(store, inputs, now=now, incremental=cfg.incremental, max_moves=cfg.max_moves,
-                             switching=cfg.switching, activate=activate,
+                             switching=cfg.switching, activate=activate, prefix=cfg.prefix,
                              review=gate if self.gate is not None else None)
         plan, outcome = done.plan, done.outcome
         self.counters.built(plan, done.build_seconds)
+        self._hit_rates = {k: plan.extra[k] for k in ("available_hit_rate", "achieved_hit_rate") if k in plan.extra}
         self.counters.decision(outcome.split(":", 1)[0])
         if cfg.keep_versions > 0:
             await store.prune_plans(cfg.keep_versions)
@@ -225,6 +261,19 @@ class ControlLoop:
                                           admitted=plan.admitted_keys, churn=plan.churn,
                                           imbalance=plan.predicted_imbalance, reason=plan.decision.reason))
         return outcome
+
+    async def prefix_inputs(self, inputs: BuildInputs, snap, now: float) -> BuildInputs:
+        """The window's prefix-node samples, prompt tokens and achieved hit rate, for a prefix plan."""
+        from services.core.prefixes import samples_from_counts
+
+        window = self.config.window_seconds
+        counts = await self.store.prefix_counts(now, window)
+        stats = await self.store.cache_stats(now, window)
+        prompt = sum(c.prompt_tokens for c in stats.values())
+        achieved = sum(c.cached_tokens for c in stats.values()) / prompt if prompt else None
+        arrived = math.fsum(r * m * snap.window_seconds for r, m in zip(snap.rates, snap.mean_prompt_tokens))
+        return dataclasses.replace(inputs, nodes=tuple(samples_from_counts(counts)), prompt_tokens=arrived,
+                                   achieved_hit_rate=achieved)
 
     async def settle(self, plan: Plan, state: ControlState, verdict: "Verdict | None", token: int | None,
                      now: float) -> str:

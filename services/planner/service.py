@@ -54,6 +54,10 @@ def _counters(registry, hub: WatchHub) -> LoopCounters:
     share = Gauge("cacheroute_planner_admitted_rate_share", "admitted rate share of the last candidate", registry=registry)
     imbalance = Gauge("cacheroute_planner_predicted_imbalance", "max/mean expected load of the last candidate",
                       registry=registry)
+    available = Gauge("cacheroute_planner_available_hit_rate",
+                      "infinite-cache hit rate of the last window's arrivals (prefix-node telemetry)", registry=registry)
+    achieved = Gauge("cacheroute_planner_achieved_hit_rate",
+                     "cached / prompt tokens the engines reported over the last window", registry=registry)
     decisions = Counter("cacheroute_planner_switch_decisions_total", "loop outcomes", ["outcome"], registry=registry)
     errors = Counter("cacheroute_planner_loop_errors_total", "failed loop iterations", registry=registry)
 
@@ -65,6 +69,10 @@ def _counters(registry, hub: WatchHub) -> LoopCounters:
         build.observe(seconds)
         share.set(plan.admitted_rate_share)
         imbalance.set(plan.predicted_imbalance)
+        if "available_hit_rate" in plan.extra:
+            available.set(plan.extra["available_hit_rate"])
+        if "achieved_hit_rate" in plan.extra:
+            achieved.set(plan.extra["achieved_hit_rate"])
 
     hub.on_state = on_state
     return LoopCounters(built=built, decision=lambda outcome: decisions.labels(outcome).inc(), error=errors.inc,

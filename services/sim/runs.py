@@ -33,6 +33,8 @@ class RunSpec:
     warmup: float | None = None
     control_interval: float = 30.0
     first_plan_at: float | None = None      # bootstrap plan time (SimConfig.first_plan_at)
+    rate_horizon: float | None = None       # EWMA horizon of planned rates (SimConfig.rate_horizon)
+    rate_history: float | None = None       # seconds of aggregated history known before t = 0
 
 
 def load_requests(spec: RunSpec) -> list[Request]:
@@ -70,9 +72,22 @@ def check_names(policy: str | Iterable[str], profile: str) -> None:
 
 
 def config_for(spec: RunSpec) -> SimConfig:
+    prior, prior_seconds = (), 0.0
+    if spec.rate_history:
+        from services.core.workloads import history_rates
+
+        if spec.trace is not None or spec.qps is None:
+            raise ValueError("--rate-history needs a synthetic workload and --qps")
+        prior = tuple(history_rates(spec.workload, qps=spec.qps, seconds=spec.rate_history, seed=spec.seed,
+                                    history_seed=spec.seed + 1_000_003, **spec.workload_knobs))
+        prior_seconds = spec.rate_history
+    horizon = spec.rate_horizon
+    if spec.rate_history and horizon is None:
+        horizon = spec.rate_history       # a history without a horizon: weigh it as its own length
     return SimConfig(get_profile(spec.profile), spec.replicas, q_cap=spec.q_cap, warm_slots=spec.warm_slots,
                      warmup=spec.warmup, end=spec.duration if spec.trace is None else None,
-                     control_interval=spec.control_interval, first_plan_at=spec.first_plan_at)
+                     control_interval=spec.control_interval, first_plan_at=spec.first_plan_at,
+                     rate_horizon=horizon, rate_prior=prior, rate_prior_seconds=prior_seconds)
 
 
 def run_spec(spec: RunSpec, requests: Sequence[Request] | None = None) -> dict:

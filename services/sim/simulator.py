@@ -26,7 +26,12 @@ Router view (ClusterState)
 
 Planned policies (PLANNED) are re-planned every `control_interval` virtual seconds from
 arrival counts per key over the last `rate_window` seconds measured inside the run (no
-oracle rates), through `plan_fn` (default: a fresh services.core.planning.build_plan). Until
+oracle rates), through `plan_fn` (default: a fresh services.core.planning.build_plan).
+Rate history (`rate_horizon`): instead of the last window alone, per-key rates are an
+exponentially weighted average over that horizon (services.core.rates.RateHistory, folded
+once per re-plan with the window's counts). `rate_prior` seeds it with rates known before
+the run (aggregated history, as the paper's planner has), weighted as `rate_prior_seconds`
+of observation; it needs a horizon (a prior without one is ignored). Until
 the first plan they run their cold path; `first_plan_at` (if earlier than the first interval)
 bootstraps a plan from the arrivals so far, the way a planner seeds a new cluster from its
 first telemetry, so a cold-path backlog built before the first plan does not leak into the
@@ -55,7 +60,7 @@ from services.core.plan import Plan
 from services.core.policy import ClusterState, NoHealthyReplica, Policy
 from services.core.request import Request
 
-PLANNED = frozenset({"cacheroute", "affinity", "affinity-replication"})
+PLANNED = frozenset({"cacheroute", "cacheroute-prefix", "affinity", "affinity-replication"})
 
 # plan_fn(now, keys, rates, healthy, active_plan, q_cap, warm_slots, version) -> Plan | None
 PlanFn = Callable[..., Plan | None]
@@ -79,6 +84,9 @@ class SimConfig:
     control_interval: float = 30.0        # re-plan period (planned policies)
     first_plan_at: float | None = None    # bootstrap plan from the arrivals so far; None: no bootstrap
     rate_window: float | None = None      # rate window; None: the control interval
+    rate_horizon: float | None = None     # EWMA horizon of per-key rates; None: the last window only
+    rate_prior: tuple[tuple[str, float, int], ...] = ()   # (key, req/s, prefix tokens) known before t = 0
+    rate_prior_seconds: float = 0.0       # how much history rate_prior summarises (its EWMA weight)
     q_cap: float | None = None            # req/s per replica at the knee; None: calibrate
     warm_slots: int | None = None         # W; None: derived each interval (calibrate.warm_slots)
     w_safety: float = 0.5                 # share of the KV cache W may fill with prefixes
@@ -200,7 +208,19 @@ class Simulator:
         self._failed = [False] * n
         self._counts: Counter[str] = Counter()
         self._counted_since = 0.0
-        self._prefix: dict[str, int] = {}
+        self._prefix: dict[str, int] = {k: p for k, _, p in config.rate_prior}
+        self._history = None
+        if config.rate_horizon is not None:
+            from services.core.rates import RateHistory
+
+            self._history = RateHistory.seeded(config.rate_horizon, {k: r for k, r, _ in config.rate_prior},
+                                               config.rate_prior_seconds)
+        self._nodes = None
+        if self.planned and getattr(policy, "prefix", False):
+            from services.core.prefixes import PrefixCounter, key_hash
+            self._nodes = PrefixCounter()
+            self._key_hash: dict[str, int] = {}
+            self._hash_fn = key_hash
         self._plan: Plan | None = None
         self._plans: list[PlanRecord] = []
         self.q_cap = config.q_cap
@@ -268,6 +288,8 @@ class Simulator:
         self._counts[q.key] += 1
         if q.key not in self._prefix:
             self._prefix[q.key] = q.prefix_tokens
+        if self._nodes is not None:
+            self._observe_nodes(q)
         try:
             r = self.policy.pick(q, self.state).replica
         except NoHealthyReplica:
@@ -297,6 +319,13 @@ class Simulator:
                     self._pending[r] = (_BOUNDARY,)
                     self._push(r, s + j * first + growth * j * (j - 1) / 2)
         self._signal(r)
+
+    def _observe_nodes(self, q: Request) -> None:
+        from services.core.prefixes import chain_ids
+        kh = self._key_hash.get(q.key)
+        if kh is None:
+            kh = self._key_hash[q.key] = self._hash_fn(q.key)
+        self._nodes.observe(kh, chain_ids(q.blocks), q.prompt_tokens)
 
     # -- control ----------------------------------------------------------------------------
 
@@ -351,6 +380,9 @@ class Simulator:
             window = t - self._counted_since    # after a bootstrap plan: the counts cover less
         counts, self._counts = self._counts, Counter()
         self._counted_since = t
+        if self._history is not None:
+            self._history = self._history.fold(counts, window)
+            counts, window = dict(self._history.counts), self._history.seconds
         if not counts:
             return
         keys = list(counts)
@@ -359,10 +391,15 @@ class Simulator:
         mean_prefix = sum(self._prefix[k] * c for k, c in counts.items()) / total
         w = cfg.warm_slots or calibrate.warm_slots(cfg.profile, mean_prefix, cfg.w_safety, cfg.kv_blocks)
         version = (self._plan.version + 1) if self._plan is not None else 1
-        plan_fn = cfg.plan_fn or default_plan_fn
+        plan_fn = cfg.plan_fn or (prefix_plan_fn if self._nodes is not None else default_plan_fn)
+        more = {}
+        if self._nodes is not None:
+            more = {"nodes": self._nodes.samples(), "prompt_tokens": self._nodes.prompt_tokens,
+                    "prefix_tokens": [self._prefix[k] for k in keys]}
+            self._nodes.clear()
         plan = plan_fn(now=t, keys=keys, rates=rates, healthy=list(self.state.healthy), active=self._plan,
                        q_cap=self.q_cap, warm_slots=w, version=version, replicas=cfg.replicas,
-                       window=window)
+                       window=window, **more)
         if plan is None or plan is self._plan:
             return
         self._plan = plan
@@ -441,6 +478,17 @@ def default_plan_fn(*, now: float, keys: list[str], rates: list[float], healthy:
 
     return build_plan(keys, rates, [f"r{j}" for j in range(replicas)], q_cap, warm_slots, version=version,
                       parent=active, created_at=now, window_seconds=window)
+
+
+def prefix_plan_fn(*, now: float, keys: list[str], rates: list[float], healthy: list[bool],
+                   active: Plan | None, q_cap: float, warm_slots: int, version: int, replicas: int,
+                   window: float, nodes=(), prompt_tokens: float = 0.0, prefix_tokens=None) -> Plan:
+    """The prefix-aware, sticky plan (services.core.prefixes.build_prefix_plan) every interval."""
+    from services.core.prefixes import build_prefix_plan
+
+    return build_prefix_plan(keys, rates, [f"r{j}" for j in range(replicas)], q_cap, warm_slots,
+                             prefix_tokens=prefix_tokens, nodes=nodes, window_seconds=window, active=active,
+                             version=version, created_at=now, healthy=healthy, prompt_tokens=prompt_tokens)
 
 
 def simulate(config: SimConfig, policy: Policy, requests: Sequence[Request]) -> SimResult:

@@ -104,16 +104,18 @@ def window_buckets(now: float, window_seconds: float, cfg: TelemetryConfig) -> t
 BIG_COUNT = 2**56    # sums at or above this stay Python ints (int64 must not overflow)
 
 
-def snapshot(first: int, last: int, start: float, now: float, totals: dict[str, list[int]]) -> RatesSnapshot:
-    """Window sums by key -> rates over the span from the first bucket's start to `now`."""
+def snapshot(first: int, last: int, start: float, now: float, totals: dict[str, list[int]],
+             untracked: int = 0) -> RatesSnapshot:
+    """Window sums by key -> rates over the span from the first bucket's start to `now`;
+    `untracked`: arrivals of keys beyond the buckets' key cap (in total_arrivals only)."""
     values = list(totals.values())
     big = any(max(v) >= BIG_COUNT for v in values) if values else False
     acc = np.array(values, dtype=object if big else np.int64).reshape(len(values), 3)
-    return snapshot_columns(first, last, start, now, [k.encode() for k in totals], acc)
+    return snapshot_columns(first, last, start, now, [k.encode() for k in totals], acc, untracked)
 
 
 def snapshot_columns(first: int, last: int, start: float, now: float, keys: list[bytes],
-                      acc: np.ndarray) -> RatesSnapshot:
+                      acc: np.ndarray, untracked: int = 0) -> RatesSnapshot:
     """The snapshot of per-key (n, prompt, prefix) sums, `acc[i]` for `keys[i]`: keys with
     arrivals, hottest first, ties by key (bytewise, i.e. code-point order). Sorting and
     dividing are numpy (a million-key window); the id hashes the ranked keys and counts."""
@@ -135,14 +137,36 @@ def snapshot_columns(first: int, last: int, start: float, now: float, keys: list
     rows = acc[order]
     nf = counts.astype(np.float64)
     return RatesSnapshot(
-        snapshot_id=f"b{first}-{last}-{digest.hexdigest()}",
+        snapshot_id=f"b{first}-{last}-{digest.hexdigest()}" + (f"-u{untracked}" if untracked else ""),
         start=start, end=now, window_seconds=span,
-        total_arrivals=int(sum(counts.tolist())) if counts.dtype == object else int(counts.sum()),
+        total_arrivals=(int(sum(counts.tolist())) if counts.dtype == object else int(counts.sum())) + untracked,
+        untracked_arrivals=untracked,
         keys=(tuple(b"\0".join(ranked).decode().split("\0")) if plain and ranked else tuple(k.decode() for k in ranked)),
         rates=tuple((nf / span).tolist()),
         mean_prompt_tokens=tuple((rows[:, 1].astype(np.float64) / nf).tolist()),
         mean_prefix_tokens=tuple((rows[:, 2].astype(np.float64) / nf).tolist()),
     )
+
+
+CACHE_COUNTER_LIMIT = 2**62     # a lifetime cache counter stops here (Redis HINCRBY fails at 2**63)
+
+
+def cap_new_keys(counts: dict[str, list[int]], present, have: int, cap: int) -> tuple[dict[str, list[int]], int]:
+    """Which of a bucket write's keys get their own counts: keys already in the bucket, and new
+    ones (in order) while the bucket holds fewer than `cap` keys (0: no cap); returns those and
+    the arrivals of the rest (the untracked total). `present(key)` says if a key is in it."""
+    if not cap:
+        return counts, 0
+    kept, untracked = {}, 0
+    for key, row in counts.items():
+        if present(key):
+            kept[key] = row
+        elif have < cap:
+            kept[key] = row
+            have += 1
+        else:
+            untracked += row[0]
+    return kept, untracked
 
 
 def counters(rows: dict[str, list[int]]) -> dict[str, CacheCounters]:

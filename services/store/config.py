@@ -17,14 +17,18 @@ class TelemetryConfig:
     retention_seconds: float = 3600.0     # how long buckets and batch markers live
     gaps_per_bucket: int = 2000           # inter-arrival samples kept per bucket
     log_per_bucket: int = 20000           # arrival-log records kept per bucket
+    # distinct keys counted per bucket; arrivals of further keys are counted in the bucket's
+    # untracked total only (0: no cap). The planner admits the hottest few hundred keys; the
+    # cap bounds Redis, the planner's window cache and GetRates whatever callers send.
+    keys_per_bucket: int = 20000
 
     def __post_init__(self) -> None:
         if not (self.bucket_seconds > 0 and math.isfinite(self.bucket_seconds)):
             raise ValueError("bucket_seconds must be a positive number")
         if not self.retention_seconds >= self.bucket_seconds:
             raise ValueError("retention_seconds must be at least one bucket")
-        if self.gaps_per_bucket < 0 or self.log_per_bucket < 0:
-            raise ValueError("sample sizes must be >= 0")
+        if self.gaps_per_bucket < 0 or self.log_per_bucket < 0 or self.keys_per_bucket < 0:
+            raise ValueError("sample sizes and keys_per_bucket must be >= 0")
 
     def bucket(self, t: float) -> int:
         return math.floor(t / self.bucket_seconds)
@@ -60,7 +64,11 @@ def add_store_flags(parser) -> None:
                    help="telemetry bucket width (env CACHEROUTE_BUCKET_SECONDS, default 10)")
     g.add_argument("--retention-seconds", type=float, default=env_number("RETENTION_SECONDS", "3600", float),
                    help="telemetry retention (env CACHEROUTE_RETENTION_SECONDS, default 3600)")
+    g.add_argument("--bucket-keys", type=int, default=env_number("BUCKET_KEYS", "20000", int),
+                   help="distinct keys counted per telemetry bucket, the rest as untracked; 0 = no cap "
+                        "(env CACHEROUTE_BUCKET_KEYS, default 20000)")
 
 
 def telemetry_from_args(args) -> TelemetryConfig:
-    return TelemetryConfig(bucket_seconds=args.bucket_seconds, retention_seconds=args.retention_seconds)
+    return TelemetryConfig(bucket_seconds=args.bucket_seconds, retention_seconds=args.retention_seconds,
+                           keys_per_bucket=args.bucket_keys)

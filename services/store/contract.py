@@ -29,6 +29,7 @@ from services.model import (
     ArrivalRecord,
     CacheCounters,
     CacheStatRecord,
+    CacheStatsWrite,
     ControlState,
     HistoryEntry,
     LeaseInfo,
@@ -58,6 +59,7 @@ class FlatMode(FailedPrecondition):
 
 
 HISTORY_MAX = 200
+PREFIX_FIELDS_PER_BUCKET = 100_000     # prefix-node count fields one telemetry bucket may hold
 
 _REFUSALS = {
     "stale": lambda v, cur: StaleVersion(f"stale expected version: active is {cur}"),
@@ -108,10 +110,16 @@ class Store(abc.ABC):
     async def record_arrival_batches(self, batches: Sequence[tuple[str, Sequence[ArrivalRecord]]]) -> list[bool]:
         """`record_arrivals` for several batches in one round trip; one flag per batch."""
 
-    @abc.abstractmethod
     async def record_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *, now: float) -> bool:
         """Add per-replica deltas to the bucket of `now` and to the running totals. Same
-        idempotency rule as `record_arrivals`."""
+        idempotency rule as `record_arrivals`. (`write_cache_stats` also says what was refused.)"""
+        return (await self.write_cache_stats(batch_id, stats, now=now)).counted
+
+    @abc.abstractmethod
+    async def write_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *, now: float) -> CacheStatsWrite:
+        """`record_cache_stats`, with partial acceptance: a replica whose lifetime totals would
+        pass CACHE_COUNTER_LIMIT (2**62) has all its records of the batch refused (named in
+        `refused`), the other replicas' records are counted; nothing overflows int64."""
 
     @abc.abstractmethod
     async def window_rates(self, now: float, window_seconds: float) -> RatesSnapshot:
@@ -137,6 +145,16 @@ class Store(abc.ABC):
     async def recent_arrivals(self, now: float, window_seconds: float) -> list[ArrivalRecord]:
         """The arrival log of the window's buckets, oldest bucket first (bounded per bucket;
         within a bucket in recording order)."""
+
+    @abc.abstractmethod
+    async def record_prefix_counts(self, batch_id: str, counts: Sequence[tuple[float, str, int]]) -> bool:
+        """Add prefix-node counts, (time, field, n) rows (field: services.core.prefixes.count_field),
+        to the telemetry buckets of their times. Same idempotency rule as `record_arrivals`; a
+        bucket holds at most PREFIX_FIELDS_PER_BUCKET fields (new ones beyond are dropped)."""
+
+    @abc.abstractmethod
+    async def prefix_counts(self, now: float, window_seconds: float) -> dict[str, int]:
+        """Prefix-node counts summed over the window's buckets, by field."""
 
     # ---- plans
 

@@ -71,6 +71,17 @@ def stat_fields(stats: Sequence[CacheStatRecord]) -> dict[str, int]:
     return out
 
 
+def stat_groups(stats: Sequence[CacheStatRecord]) -> dict[str, list[int]]:
+    """Cache-stat records -> replica -> [prompt, cached, requests] deltas, summed."""
+    out: dict[str, list[int]] = {}
+    for s in stats:
+        acc = out.setdefault(s.replica_id, [0, 0, 0])
+        acc[0] += s.prompt_tokens
+        acc[1] += s.cached_tokens
+        acc[2] += s.requests
+    return out
+
+
 def merge_counters(into: dict[str, list[int]], fields: dict[str, int]) -> None:
     """Fold "replica|p|c|r" style hash fields into replica -> [prompt, cached, requests]."""
     for name, value in fields.items():

@@ -16,6 +16,7 @@ from services.model import (
     ArrivalRecord,
     CacheCounters,
     CacheStatRecord,
+    CacheStatsWrite,
     ControlState,
     HistoryEntry,
     LeaseInfo,
@@ -23,16 +24,25 @@ from services.model import (
     PlanEvent,
     RatesSnapshot,
 )
-from services.store.buckets import counters, key_totals, newest, snapshot, split_by_bucket, window_buckets
+from services.store.buckets import (
+    CACHE_COUNTER_LIMIT,
+    cap_new_keys,
+    counters,
+    key_totals,
+    newest,
+    snapshot,
+    split_by_bucket,
+    window_buckets,
+)
 from services.store.config import TelemetryConfig
-from services.store.contract import HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
+from services.store.contract import HISTORY_MAX, PREFIX_FIELDS_PER_BUCKET, Store, Subscription, check_version, lease_ms, refusal
 from services.store.keys import (
     arrival_from_log,
     decode_plan,
     encode_plan,
     log_lines,
     merge_counters,
-    stat_fields,
+    stat_groups,
     summary_of,
 )
 
@@ -47,6 +57,7 @@ class MemoryStore(Store):
         self._seen: dict[str, float] = {}                      # marker -> expiry
         self._cache_b: dict[int, dict[str, list[int]]] = {}
         self._cache_total: dict[str, list[int]] = {}
+        self._prefix_b: dict[int, dict[str, int]] = {}
         self._plans: dict[int, bytes] = {}
         self._summaries: dict[int, bytes] = {}
         self._seq = 0
@@ -88,9 +99,11 @@ class MemoryStore(Store):
                 if batch_id and not self._mark(f"tb:{idx}:{batch_id}"):
                     continue
                 counted = True
-                b = self._buckets.setdefault(idx, {"n": {}, "gaps": [], "log": []})
-                for key, (n, pt, xt) in key_totals([part]).items():
-                    acc = b["n"].setdefault(key, [0, 0, 0])
+                b = self._buckets.setdefault(idx, {"n": {}, "gaps": [], "log": [], "untracked": [0, 0, 0]})
+                sums = key_totals([part])
+                kept, _ = cap_new_keys(sums, b["n"].__contains__, len(b["n"]), cfg.keys_per_bucket)
+                for key, (n, pt, xt) in sums.items():
+                    acc = b["n"].setdefault(key, [0, 0, 0]) if key in kept else b["untracked"]
                     acc[0] += n
                     acc[1] += pt
                     acc[2] += xt
@@ -100,25 +113,67 @@ class MemoryStore(Store):
         self._expire()
         return out
 
-    async def record_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *, now: float) -> bool:
+    async def write_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *,
+                                now: float) -> CacheStatsWrite:
         self._check()
         if batch_id and not self._mark(f"cache:{batch_id}"):
-            return False
-        fields = stat_fields(stats)
-        merge_counters(self._cache_b.setdefault(self.telemetry.bucket(now), {}), fields)
-        merge_counters(self._cache_total, fields)
-        return True
+            return CacheStatsWrite(False)
+        refused = []
+        bucket = self._cache_b.setdefault(self.telemetry.bucket(now), {})
+        for replica, deltas in stat_groups(stats).items():
+            total = self._cache_total.get(replica, [0, 0, 0])
+            if any(t + d > CACHE_COUNTER_LIMIT for t, d in zip(total, deltas)):
+                refused.append(replica)
+                continue
+            fields = {f"{replica}|{k}": d for k, d in zip("pcr", deltas)}
+            merge_counters(bucket, fields)
+            merge_counters(self._cache_total, fields)
+        return CacheStatsWrite(True, tuple(refused))
+
+    async def record_prefix_counts(self, batch_id: str, counts: Sequence[tuple[float, str, int]]) -> bool:
+        self._check()
+        cfg = self.telemetry
+        parts: dict[int, list[tuple[str, int]]] = {}
+        for t, field, n in counts:
+            parts.setdefault(cfg.bucket(t), []).append((field, n))
+        counted = not counts
+        for idx, rows in parts.items():
+            if batch_id and not self._mark(f"pfx:{idx}:{batch_id}"):
+                continue
+            counted = True
+            bucket = self._prefix_b.setdefault(idx, {})
+            for field, n in rows:
+                if field in bucket:
+                    bucket[field] += n
+                elif len(bucket) < PREFIX_FIELDS_PER_BUCKET:
+                    bucket[field] = n
+        keep = max(self._prefix_b) - math.ceil(cfg.ttl / cfg.bucket_seconds) if self._prefix_b else 0
+        for idx in [i for i in self._prefix_b if i < keep]:
+            del self._prefix_b[idx]
+        return counted
+
+    async def prefix_counts(self, now: float, window_seconds: float) -> dict[str, int]:
+        self._check()
+        first, last, _ = window_buckets(now, window_seconds, self.telemetry)
+        out: dict[str, int] = {}
+        for i in range(first, last + 1):
+            for field, n in self._prefix_b.get(i, {}).items():
+                out[field] = out.get(field, 0) + n
+        return out
 
     async def window_rates(self, now: float, window_seconds: float) -> RatesSnapshot:
         self._check()
         first, last, start = window_buckets(now, window_seconds, self.telemetry)
         totals: dict[str, list[int]] = {}
+        untracked = 0
         for i in range(first, last + 1):
-            for key, row in self._buckets.get(i, {"n": {}})["n"].items():
+            bucket = self._buckets.get(i, {"n": {}, "untracked": [0, 0, 0]})
+            untracked += bucket["untracked"][0]
+            for key, row in bucket["n"].items():
                 acc = totals.setdefault(key, [0, 0, 0])
                 for j in range(3):
                     acc[j] += row[j]
-        return snapshot(first, last, start, now, totals)
+        return snapshot(first, last, start, now, totals, untracked)
 
     async def cache_stats(self, now: float, window_seconds: float) -> dict[str, CacheCounters]:
         self._check()

@@ -24,6 +24,7 @@ from services.model import (
     ArrivalRecord,
     CacheCounters,
     CacheStatRecord,
+    CacheStatsWrite,
     ControlState,
     HistoryEntry,
     LeaseInfo,
@@ -32,6 +33,7 @@ from services.model import (
     RatesSnapshot,
 )
 from services.store.buckets import (
+    CACHE_COUNTER_LIMIT,
     BucketPart,
     counters,
     first_of_each_batch_id,
@@ -42,8 +44,8 @@ from services.store.buckets import (
     window_buckets,
 )
 from services.store.config import TelemetryConfig
-from services.store.connect import async_client, parse_redis_url
-from services.store.contract import HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
+from services.store.connect import async_client, parse_redis_url, sync_client
+from services.store.contract import PREFIX_FIELDS_PER_BUCKET, HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
 from services.store.keys import (
     Keys,
     arrival_from_log,
@@ -53,7 +55,7 @@ from services.store.keys import (
     history_from_json,
     log_blob,
     merge_counters,
-    stat_fields,
+    stat_groups,
     summary_of,
 )
 from services.store.window_cache import BucketCache
@@ -67,6 +69,7 @@ def _load_scripts() -> dict[str, str]:
 
 SCRIPTS = _load_scripts()
 log = logging.getLogger("cacheroute.store")
+WINDOW_READ_TIMEOUT = 30.0   # seconds a window read (worker thread) may wait for Redis's reply
 
 
 def _token_arg(fencing_token: int | None) -> str | int:
@@ -105,6 +108,7 @@ class RedisStore(Store):
         r = self._redis
         self._arrivals = r.register_script(SCRIPTS["arrivals"])
         self._cache = r.register_script(SCRIPTS["cache"])
+        self._prefix = r.register_script(SCRIPTS["prefix"])
         self._put_plan = r.register_script(SCRIPTS["put_plan"])
         self._activate = r.register_script(SCRIPTS["activate"])
         self._set_mode = r.register_script(SCRIPTS["set_mode"])
@@ -118,6 +122,9 @@ class RedisStore(Store):
         self.unreplicated_writes = 0   # plan writes whose WAIT saw fewer replicas than asked
         self._cluster_ready = False
         self._windows = BucketCache()
+        self._window_lock = asyncio.Lock()   # one window read at a time (the cache is shared)
+        self._sync = None                    # blocking client of window reads (worker thread)
+        self._timeout = timeout
 
     async def _queue_script(self, pipe, script, keys: list[str], args: list[object]) -> None:
         """Queue a Lua script call on a pipeline. Redis Cluster pipelines refuse EVALSHA, so
@@ -222,20 +229,51 @@ class RedisStore(Store):
             flat += (key, str(n), str(pt), str(xt))
         gaps = newest((part.gaps for _, _, part in parts), cfg.gaps_per_bucket)
         rows = newest((part.rows for _, _, part in parts), cfg.log_per_bucket)
-        keys = [self._tb(idx, h) for h in ("n", "pt", "xt", "gaps", "log", "v")]
+        keys = [self._tb(idx, h) for h in ("n", "pt", "xt", "gaps", "log", "v", "untracked")]
         keys += [self._tb(idx, f"seen:{batch_id}") for _, batch_id, _ in parts if batch_id]
         args = [cfg.ttl, cfg.gaps_per_bucket, cfg.log_per_bucket, orjson.dumps(flat),
-                "\n".join(map(repr, gaps)), log_blob(rows), os.urandom(9).hex()]
+                "\n".join(map(repr, gaps)), log_blob(rows), os.urandom(9).hex(), cfg.keys_per_bucket]
         return keys, args
 
-    async def record_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *, now: float) -> bool:
+    async def write_cache_stats(self, batch_id: str, stats: Sequence[CacheStatRecord], *,
+                                now: float) -> CacheStatsWrite:
         cfg = self.telemetry
-        args: list[object] = [cfg.ttl, "1" if batch_id else "0"]
-        for name, value in stat_fields(stats).items():
-            args += (name, value)
+        args: list[object] = [cfg.ttl, "1" if batch_id else "0", CACHE_COUNTER_LIMIT]
+        for replica, deltas in stat_groups(stats).items():
+            args += (replica, *deltas)
         keys = [self._c(f"seen:{batch_id}"), self._c(f"b:{cfg.bucket(now)}"), self._c("total")]
         async with self._guard():
-            return bool(await self._cache(keys=keys, args=args))
+            reply = await self._cache(keys=keys, args=args)
+        return CacheStatsWrite(bool(int(reply[0])), tuple(r.decode() for r in reply[1:]))
+
+    async def record_prefix_counts(self, batch_id: str, counts: Sequence[tuple[float, str, int]]) -> bool:
+        # one script per bucket (each bucket's keys share its hash tag), all in one pipeline
+        cfg = self.telemetry
+        parts: dict[int, dict[str, int]] = {}
+        for t, field, n in counts:
+            bucket = parts.setdefault(cfg.bucket(t), {})
+            bucket[field] = bucket.get(field, 0) + n
+        if not parts:
+            return True
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            for idx, rows in parts.items():
+                args: list[object] = [cfg.ttl, "1" if batch_id else "0", PREFIX_FIELDS_PER_BUCKET]
+                for field, n in rows.items():
+                    args += (field, n)
+                keys = [self._tb(idx, f"seenp:{batch_id}"), self._tb(idx, "pfx")]
+                await self._queue_script(pipe, self._prefix, keys, args)
+            results = await pipe.execute()
+        return any(bool(r) for r in results)
+
+    async def prefix_counts(self, now: float, window_seconds: float) -> dict[str, int]:
+        first, last, _ = window_buckets(now, window_seconds, self.telemetry)
+        out: dict[str, int] = {}
+        for row in await self._hashes(self._tb(i, "pfx") for i in range(first, last + 1)):
+            for field, n in row.items():
+                name = field.decode()
+                out[name] = out.get(name, 0) + int(n)
+        return out
 
     async def _hashes(self, names: Iterable[str]) -> list[dict[bytes, bytes]]:
         async with self._guard():
@@ -248,20 +286,42 @@ class RedisStore(Store):
         # Buckets whose token is unchanged since the last read come from the cache. The token
         # is read before the hashes in one pipeline, so a write racing the read can only make
         # the cached token older than the content (one extra re-read later), never newer.
+        # The whole read (a window can hold hundreds of thousands of hash fields: parsing them
+        # and folding them into arrays takes CPU) runs in a worker thread on a blocking client,
+        # one at a time: it must not stall the event loop that ingests telemetry.
         first, last, start = window_buckets(now, window_seconds, self.telemetry)
         idxs = range(first, last + 1)
         cache = self._windows
-        async with self._guard():
-            tokens = await self._mget([self._tb(i, "v") for i in idxs])
+
+        def read() -> RatesSnapshot:
+            r = self._blocking()
+            names = [self._tb(i, "v") for i in idxs]
+            tokens = r.mget_nonatomic(names) if self._cluster else r.mget(names)
             stale = [(i, t) for i, t in zip(idxs, tokens) if t is None or not cache.fresh(i, t)]
-            pipe = self._redis.pipeline(transaction=False)
+            pipe = r.pipeline(transaction=False)
+            for i in idxs:
+                pipe.hget(self._tb(i, "untracked"), "n")
             for i, _ in stale:
                 for h in ("n", "pt", "xt"):
                     pipe.hgetall(self._tb(i, h))
-            rows = await pipe.execute() if stale else []
-        for j, (i, token) in enumerate(stale):
-            cache.put(i, token, *rows[3 * j:3 * j + 3])
-        return snapshot_columns(first, last, start, now, *cache.columns(idxs))
+            replies = pipe.execute()
+            untracked = sum(int(v) for v in replies[:len(idxs)] if v is not None)
+            rows = replies[len(idxs):]
+            for j, (i, token) in enumerate(stale):
+                cache.put(i, token, *rows[3 * j:3 * j + 3])
+            return snapshot_columns(first, last, start, now, *cache.columns(idxs), untracked)
+
+        async with self._window_lock, self._guard():
+            return await asyncio.to_thread(read)
+
+    def _blocking(self):
+        """A blocking client (single node or cluster) for reads done in a worker thread
+        (window_rates), made on first use."""
+        if self._sync is None:
+            # a big window is a big reply: allow it time (it blocks only this worker thread)
+            self._sync = sync_client(self.target, socket_timeout=max(self._timeout, WINDOW_READ_TIMEOUT),
+                                     socket_connect_timeout=self._timeout, retry_on_timeout=False)
+        return self._sync
 
     async def cache_stats(self, now: float, window_seconds: float) -> dict[str, CacheCounters]:
         first, last, _ = window_buckets(now, window_seconds, self.telemetry)
@@ -448,6 +508,9 @@ class RedisStore(Store):
 
     async def close(self) -> None:
         await self._redis.aclose()
+        if self._sync is not None:
+            sync, self._sync = self._sync, None
+            await asyncio.to_thread(sync.close)
 
 
 class _RedisSubscription(Subscription):

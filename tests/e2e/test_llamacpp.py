@@ -40,7 +40,10 @@ from services.engine.llamacpp import smollm2_gguf
 from services.oai import chat_text
 from services.rpc import ServerConfig
 
-pytestmark = pytest.mark.timeout(420)
+# CPU-bound: ~13 cold prefills of ~500 tokens on one thread per replica. 248-292 s on the shared
+# development VM at load average 10-15 (over 420 s at 19); issue 11 measured an 847-token cold prefill
+# at ~5 s on one thread when that machine was quiet, which puts this test near a minute there.
+pytestmark = pytest.mark.timeout(900)
 ROUNDS = 3
 
 

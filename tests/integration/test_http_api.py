@@ -152,3 +152,52 @@ def test_a_client_that_disconnects_cancels_the_engine_request(redis_url, kind):
             await fleet.stop()
 
     asyncio.run(main())
+
+
+def test_cache_telemetry_of_http_engines_reaches_the_collector(redis_url):
+    """Kind vllm: the engines report nothing themselves; the dispatcher sends the usage of the
+    responses it proxied (stripped usage chunks included) to a real collector and Redis, and
+    the arrivals of served requests."""
+    from services.collector.service import CollectorConfig, CollectorService
+    from services.store import TelemetryConfig
+
+    async def main():
+        telemetry = TelemetryConfig(bucket_seconds=1, retention_seconds=600)
+        collector = await CollectorService(CollectorConfig(server=ServerConfig(name="collector", port=0),
+                                                           redis_url=redis_url, telemetry=telemetry)).start()
+        fleet = await EngineFleet(2, time_scale=0.02, http=True).start()
+        config = DispatcherConfig(server=ServerConfig(name="dispatcher", port=0),
+                                  replicas=parse_replicas(fleet.replicas_flag("vllm")), collector=collector.address,
+                                  poll_interval=0.1, poll_timeout=0.5, telemetry_interval=0.2, seed=3,
+                                  engine_kind="vllm", http=HttpConfig(port=0))
+        service = await serve(config)
+        store = RedisStore(redis_url, telemetry=telemetry)
+        try:
+            await wait_until(lambda: all(service.router.state.healthy))
+            client = openai.AsyncOpenAI(base_url=service.http_url + "/v1", api_key="none", max_retries=0,
+                                        default_headers={"x-cacheroute-key": "tenant-7"})
+            for turn in range(4):
+                if turn % 2:
+                    await client.chat.completions.create(model="m", messages=messages("acme", str(turn)), max_tokens=2)
+                else:
+                    async for _ in await client.chat.completions.create(
+                            model="m", messages=messages("acme", str(turn)), max_tokens=2, stream=True):
+                        pass
+            await client.close()
+            await service.http.sender.flush()
+            await service.reporter.flush()
+
+            async def landed():
+                totals = await store.cache_totals()
+                return sum(c.requests for c in totals.values()) == 4 and sum(c.cached_tokens for c in totals.values()) > 0
+
+            await wait_until(landed, timeout=5)
+            rates = await store.window_rates(time.time(), 60)
+            assert rates.keys == ("tenant-7",) and rates.total_arrivals == 4
+        finally:
+            await service.stop(0)
+            await store.close()
+            await fleet.stop()
+            await collector.stop(0)
+
+    asyncio.run(main())

@@ -34,7 +34,8 @@ def test_generate_retries_resource_exhausted_once_on_another_healthy_replica():
         engines = [await EngineService(EngineConfig(server=ServerConfig(name="engine", port=0), replica_id=f"e{i}",
                                                     time_scale=0.5, max_requests=1 if i == 0 else 64)).start()
                    for i in range(2)]
-        service = await serve(dispatcher_config(_Fleet(engines)))
+        # one health poll at start, none after: health stays what the test sets, whatever the load
+        service = await serve(dispatcher_config(_Fleet(engines), poll_interval=3600, poll_timeout=2.0))
         # the key is planned on e0 only, so the first pick is e0
         service.router.set_plan(hand_plan(3, ("e0", "e1"), {"sys": (0,)}), flat=False, source="test")
         out = {}
@@ -56,7 +57,6 @@ def test_generate_retries_resource_exhausted_once_on_another_healthy_replica():
                     out["healthy"] = list(service.router.state.healthy)
                     # with e1 down too, the caller gets e0's own answer
                     service.router.set_healthy(1, False)
-                    service.monitor.interval = 3600      # no poll brings e1 back during the call
                     try:
                         _ = [c async for c in stub.Generate(req, timeout=10)]
                         out["alone"] = ("OK", "")

@@ -116,6 +116,30 @@ def test_cache_counters_windowed_and_total(make_store):
     assert total["r0"].hit_rate == pytest.approx(0.4) and total["r1"].requests == 1
 
 
+def test_prefix_counts_windowed_deduplicated_and_bounded(make_store, monkeypatch):
+    from services.core.prefixes import count_fields, samples_from_counts
+    from services.store import contract, memory, redis as redis_store
+
+    for module in (contract, memory, redis_store):
+        monkeypatch.setattr(module, "PREFIX_FIELDS_PER_BUCKET", 5, raising=False)
+
+    async def scenario(store):
+        rows = [(T0 + 1, f, 1) for key in ("a", "b") for f in count_fields(key, [11, 22])]   # 4 fields
+        assert await store.record_prefix_counts("p1", rows)
+        assert not await store.record_prefix_counts("p1", rows)                # a replay counts nothing
+        assert await store.record_prefix_counts("p2", [(T0 - 100, f, 7) for f in count_fields("a", [11])])
+        flood = [(T0 + 2, f, 1) for i in range(10) for f in count_fields(f"x{i}", [99])]
+        assert await store.record_prefix_counts("p3", flood)                  # only 1 new field fits
+        return await store.prefix_counts(T0 + 5, 10.0), await store.prefix_counts(T0 + 5, 200.0)
+
+    recent, wide = run(make_store, scenario)
+    assert len(recent) == 5 and sum(recent.values()) == 5
+    by_node = {s.node: s for s in samples_from_counts(recent)}
+    assert by_node[11].count == 2 and by_node[22].count == 2 and by_node[22].parent == 11
+    assert by_node[22].depth == 64 and len(by_node[11].keys) == 2
+    assert {s.node: s.count for s in samples_from_counts(wide)}[11] == 9
+
+
 def test_window_beyond_retention_is_invalid(make_store):
     async def scenario(store):
         with pytest.raises(InvalidArgument):

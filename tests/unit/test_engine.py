@@ -50,7 +50,7 @@ def run_to_idle(engine, now=0.0):
 
 # -- step time ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("profile, expected_ms", [(P8, 53), (P70, 167)])
+@pytest.mark.parametrize("profile, expected_ms", [(P8, 53), (P70, 167), (PROFILES["qwen2.5-32b-fp8-h100"], 155)])
 def test_idle_ttft_of_2048_tokens_matches_formula_and_spec(profile, expected_ms):
     e = EngineModel(profile)
     e.add(req(1, 2048, 5), 0.0)
@@ -248,7 +248,7 @@ def test_abort_frees_blocks_and_backlog():
 
 
 def test_profiles_and_lookup():
-    assert set(PROFILES) == {"llama3-8b-h100", "llama3-70b-fp8-h100x2"}
+    assert set(PROFILES) == {"llama3-8b-h100", "llama3-70b-fp8-h100x2", "qwen2.5-32b-fp8-h100"}
     assert get_profile("llama3-8b-h100").kv_blocks == 27_500
     with pytest.raises(ValueError, match="llama3-8b-h100"):
         get_profile("gpt-9")

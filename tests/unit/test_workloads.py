@@ -58,10 +58,12 @@ def test_requests_of_a_key_share_one_blocks_tuple(name):
         assert r.prompt_tokens > w.prefix_tokens[r.key]          # unique suffix exists
         assert r.prefix_tokens == w.prefix_tokens[r.key]
         assert r.output_tokens >= 1
+    shared = w.knobs.get("shared_tokens", 0) // BLOCK_TOKENS     # flagship: one prefix every key shares
     seen = set()
-    for chain in by_key.values():       # distinct keys never share a block hash
-        assert not seen & set(chain)
-        seen |= set(chain)
+    for chain in by_key.values():       # distinct keys never share a block hash beyond that prefix
+        assert chain[:shared] == next(iter(by_key.values()))[:shared]
+        assert not seen & set(chain[shared:])
+        seen |= set(chain[shared:])
 
 
 def test_request_count_follows_qps_and_key_mix_follows_rates():
@@ -151,3 +153,34 @@ def test_generation_is_fast():
     elapsed = time.perf_counter() - start
     assert len(w.requests) == pytest.approx(100_000, rel=0.02)
     assert elapsed < 2.0
+
+
+def test_flagship_draws_the_whole_population_behind_one_shared_prefix():
+    w = make_workload("flagship", qps=200, duration=60, seed=2, shared_tokens=1024, context_median=512)
+    ranks = [int(r.key[1:]) for r in w.requests]
+    assert max(ranks) > 100_000                        # the cold tail of the 128,824 keys sends traffic
+    assert sum(k < 5_153 for k in ranks) / len(ranks) == pytest.approx(0.46, abs=0.03)   # top 4%
+    assert max(w.rates.values()) / 200 < 0.003                                          # no key > 0.3%
+    shared = w.requests[0].blocks[:64]
+    assert all(r.blocks[:64] == shared for r in w.requests)
+    assert all(r.prefix_tokens >= 1024 + 16 for r in w.requests)
+
+
+def test_mmpp_bursts_keep_their_cv_after_thinning_to_one_replica():
+    from services.core.workloads import arrival_times, mmpp_ratio
+
+    assert mmpp_ratio(1.0) == pytest.approx(1.0)
+    r = mmpp_ratio(1.9)
+    assert (1 + r) ** 2 / (2 * r) - 1 == pytest.approx(1.9 ** 2)
+    rng = np.random.default_rng(0)
+    t = arrival_times(rng, 100.0, 1500.0, 1.9, burst_dwell=10.0)
+    gaps = np.diff(t)
+    assert len(t) / 1500.0 == pytest.approx(100.0, rel=0.1)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.9, rel=0.1)
+    one = np.diff(t[rng.random(len(t)) < 1 / 30])           # one replica's share
+    assert one.std() / one.mean() > 1.5                       # gamma gaps thin to ~1.04
+    w = make_workload("paper", qps=50, duration=30, seed=1, cv=1.9, burst_dwell=5.0)
+    assert w.knobs["burst_dwell"] == 5.0
+    assert [q.arrival for q in w.requests] == [q.arrival for q in
+                                               make_workload("paper", qps=50, duration=30, seed=1, cv=1.9,
+                                                             burst_dwell=5.0).requests]

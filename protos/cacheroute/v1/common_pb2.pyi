@@ -116,7 +116,7 @@ class ShadowReport(_message.Message):
     def __init__(self, ran: _Optional[bool] = ..., passed: _Optional[bool] = ..., reason: _Optional[str] = ..., requests: _Optional[int] = ..., qps: _Optional[float] = ..., candidate_hit_rate: _Optional[float] = ..., flat_hit_rate: _Optional[float] = ..., candidate_ttft_p99: _Optional[float] = ..., flat_ttft_p99: _Optional[float] = ..., candidate_capacity: _Optional[float] = ..., flat_capacity: _Optional[float] = ..., margin: _Optional[float] = ..., active_keys: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("version", "parent_version", "created_at", "inputs", "table", "expected_load", "predicted_imbalance", "total_keys", "admitted_keys", "admitted_rate_share", "churn", "has_parent", "builder", "decision", "shadow", "table_offset", "table_size")
+    __slots__ = ("version", "parent_version", "created_at", "inputs", "table", "expected_load", "predicted_imbalance", "total_keys", "admitted_keys", "admitted_rate_share", "churn", "has_parent", "builder", "decision", "shadow", "table_offset", "table_size", "prefixes", "available_hit_rate", "achieved_hit_rate")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PARENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,9 @@ class Plan(_message.Message):
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     TABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     TABLE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    ACHIEVED_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     version: int
     parent_version: int
     created_at: float
@@ -151,7 +154,24 @@ class Plan(_message.Message):
     shadow: ShadowReport
     table_offset: int
     table_size: int
-    def __init__(self, version: _Optional[int] = ..., parent_version: _Optional[int] = ..., created_at: _Optional[float] = ..., inputs: _Optional[_Union[PlanInputs, _Mapping]] = ..., table: _Optional[_Iterable[_Union[PlanEntry, _Mapping]]] = ..., expected_load: _Optional[_Iterable[float]] = ..., predicted_imbalance: _Optional[float] = ..., total_keys: _Optional[int] = ..., admitted_keys: _Optional[int] = ..., admitted_rate_share: _Optional[float] = ..., churn: _Optional[float] = ..., has_parent: _Optional[bool] = ..., builder: _Optional[str] = ..., decision: _Optional[_Union[SwitchDecision, _Mapping]] = ..., shadow: _Optional[_Union[ShadowReport, _Mapping]] = ..., table_offset: _Optional[int] = ..., table_size: _Optional[int] = ...) -> None: ...
+    prefixes: _containers.RepeatedCompositeFieldContainer[PrefixEntry]
+    available_hit_rate: float
+    achieved_hit_rate: float
+    def __init__(self, version: _Optional[int] = ..., parent_version: _Optional[int] = ..., created_at: _Optional[float] = ..., inputs: _Optional[_Union[PlanInputs, _Mapping]] = ..., table: _Optional[_Iterable[_Union[PlanEntry, _Mapping]]] = ..., expected_load: _Optional[_Iterable[float]] = ..., predicted_imbalance: _Optional[float] = ..., total_keys: _Optional[int] = ..., admitted_keys: _Optional[int] = ..., admitted_rate_share: _Optional[float] = ..., churn: _Optional[float] = ..., has_parent: _Optional[bool] = ..., builder: _Optional[str] = ..., decision: _Optional[_Union[SwitchDecision, _Mapping]] = ..., shadow: _Optional[_Union[ShadowReport, _Mapping]] = ..., table_offset: _Optional[int] = ..., table_size: _Optional[int] = ..., prefixes: _Optional[_Iterable[_Union[PrefixEntry, _Mapping]]] = ..., available_hit_rate: _Optional[float] = ..., achieved_hit_rate: _Optional[float] = ...) -> None: ...
+
+class PrefixEntry(_message.Message):
+    __slots__ = ("node", "replicas", "rate", "tokens", "keys")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    node: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    rate: float
+    tokens: int
+    keys: int
+    def __init__(self, node: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., rate: _Optional[float] = ..., tokens: _Optional[int] = ..., keys: _Optional[int] = ...) -> None: ...
 
 class PlanSummary(_message.Message):
     __slots__ = ("version", "parent_version", "created_at", "replicas", "total_keys", "admitted_keys", "admitted_rate_share", "predicted_imbalance", "churn", "builder", "decision", "shadow", "active", "pinned")

@@ -60,7 +60,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("replica_id", "profile", "waiting", "running", "kv_usage", "requests", "prompt_tokens", "cached_tokens", "preemptions", "kv_blocks", "time_scale")
+    __slots__ = ("replica_id", "profile", "waiting", "running", "kv_usage", "requests", "prompt_tokens", "cached_tokens", "preemptions", "kv_blocks", "time_scale", "prefill_tokens")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class EngineStats(_message.Message):
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TIME_SCALE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     profile: str
     waiting: int
@@ -83,4 +84,5 @@ class EngineStats(_message.Message):
     preemptions: int
     kv_blocks: int
     time_scale: float
-    def __init__(self, replica_id: _Optional[str] = ..., profile: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., requests: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., time_scale: _Optional[float] = ...) -> None: ...
+    prefill_tokens: int
+    def __init__(self, replica_id: _Optional[str] = ..., profile: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., requests: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., time_scale: _Optional[float] = ..., prefill_tokens: _Optional[int] = ...) -> None: ...

@@ -122,18 +122,28 @@ class KeyMove(_message.Message):
     def __init__(self, key: _Optional[str] = ..., from_replicas: _Optional[_Iterable[str]] = ..., to_replicas: _Optional[_Iterable[str]] = ..., rate: _Optional[float] = ...) -> None: ...
 
 class DiffPlansResponse(_message.Message):
-    __slots__ = ("churn", "keys_moved", "keys_added", "keys_removed", "moves")
+    __slots__ = ("churn", "keys_moved", "keys_added", "keys_removed", "moves", "prefixes_kept", "prefixes_moved", "prefixes_added", "prefixes_removed", "prefix_moves")
     CHURN_FIELD_NUMBER: _ClassVar[int]
     KEYS_MOVED_FIELD_NUMBER: _ClassVar[int]
     KEYS_ADDED_FIELD_NUMBER: _ClassVar[int]
     KEYS_REMOVED_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_KEPT_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_ADDED_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_MOVES_FIELD_NUMBER: _ClassVar[int]
     churn: float
     keys_moved: int
     keys_added: int
     keys_removed: int
     moves: _containers.RepeatedCompositeFieldContainer[KeyMove]
-    def __init__(self, churn: _Optional[float] = ..., keys_moved: _Optional[int] = ..., keys_added: _Optional[int] = ..., keys_removed: _Optional[int] = ..., moves: _Optional[_Iterable[_Union[KeyMove, _Mapping]]] = ...) -> None: ...
+    prefixes_kept: int
+    prefixes_moved: int
+    prefixes_added: int
+    prefixes_removed: int
+    prefix_moves: _containers.RepeatedCompositeFieldContainer[KeyMove]
+    def __init__(self, churn: _Optional[float] = ..., keys_moved: _Optional[int] = ..., keys_added: _Optional[int] = ..., keys_removed: _Optional[int] = ..., moves: _Optional[_Iterable[_Union[KeyMove, _Mapping]]] = ..., prefixes_kept: _Optional[int] = ..., prefixes_moved: _Optional[int] = ..., prefixes_added: _Optional[int] = ..., prefixes_removed: _Optional[int] = ..., prefix_moves: _Optional[_Iterable[_Union[KeyMove, _Mapping]]] = ...) -> None: ...
 
 class ActivatePlanRequest(_message.Message):
     __slots__ = ("version", "expected_active_version", "reason")
@@ -198,7 +208,7 @@ class GetPlannerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PlannerStatus(_message.Message):
-    __slots__ = ("planner_id", "leader", "lease_fencing_token", "active_version", "mode", "pinned_version", "mode_reason", "last_loop_at", "last_loop_outcome", "latest_version")
+    __slots__ = ("planner_id", "leader", "lease_fencing_token", "active_version", "mode", "pinned_version", "mode_reason", "last_loop_at", "last_loop_outcome", "latest_version", "available_hit_rate", "achieved_hit_rate")
     PLANNER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     LEASE_FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +219,8 @@ class PlannerStatus(_message.Message):
     LAST_LOOP_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_LOOP_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    ACHIEVED_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     planner_id: str
     leader: bool
     lease_fencing_token: int
@@ -219,4 +231,6 @@ class PlannerStatus(_message.Message):
     last_loop_at: float
     last_loop_outcome: str
     latest_version: int
-    def __init__(self, planner_id: _Optional[str] = ..., leader: _Optional[bool] = ..., lease_fencing_token: _Optional[int] = ..., active_version: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., pinned_version: _Optional[int] = ..., mode_reason: _Optional[str] = ..., last_loop_at: _Optional[float] = ..., last_loop_outcome: _Optional[str] = ..., latest_version: _Optional[int] = ...) -> None: ...
+    available_hit_rate: float
+    achieved_hit_rate: float
+    def __init__(self, planner_id: _Optional[str] = ..., leader: _Optional[bool] = ..., lease_fencing_token: _Optional[int] = ..., active_version: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., pinned_version: _Optional[int] = ..., mode_reason: _Optional[str] = ..., last_loop_at: _Optional[float] = ..., last_loop_outcome: _Optional[str] = ..., latest_version: _Optional[int] = ..., available_hit_rate: _Optional[float] = ..., achieved_hit_rate: _Optional[float] = ...) -> None: ...

@@ -13,7 +13,7 @@ import random
 
 from services.core.policies.affinity import AffinityPolicy
 from services.core.policies.affinity_replication import AffinityReplicationPolicy
-from services.core.policies.cacheroute import CacheRoutePolicy
+from services.core.policies.cacheroute import CacheRoutePolicy, prefix_policy
 from services.core.policies.chwbl import ChwblPolicy
 from services.core.policies.dualmap import DualMapPolicy
 from services.core.policies.dynamo import DynamoPolicy
@@ -24,10 +24,10 @@ from services.core.policies.sglang import SglangPolicy
 from services.core.policies.sticky import StickyPolicy
 from services.core.policy import Policy
 
-POLICIES = ("flat", "sticky", "chwbl", "cacheroute", "affinity", "affinity-replication",
+POLICIES = ("flat", "sticky", "chwbl", "cacheroute", "cacheroute-prefix", "affinity", "affinity-replication",
             "sglang", "llmd", "dynamo", "preble", "dualmap")
 
-PLANNED_POLICIES = ("cacheroute", "affinity", "affinity-replication")
+PLANNED_POLICIES = ("cacheroute", "cacheroute-prefix", "affinity", "affinity-replication")
 
 
 def make_policy(name: str, replicas: int, *, seed: int = 0, **knobs) -> Policy:
@@ -44,6 +44,8 @@ def make_policy(name: str, replicas: int, *, seed: int = 0, **knobs) -> Policy:
             return ChwblPolicy(replicas, rng=rng, **knobs)
         case "cacheroute":
             return CacheRoutePolicy(replicas, rng=rng, **knobs)
+        case "cacheroute-prefix":
+            return prefix_policy(replicas, rng=rng, **knobs)
         case "affinity":
             return AffinityPolicy(replicas, rng=rng, **knobs)
         case "affinity-replication":

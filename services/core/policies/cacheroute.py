@@ -48,9 +48,11 @@ from typing import Mapping
 from services.core.policies._common import Ring, least_loaded, p2c
 from services.core.policies.chwbl import ChwblPolicy
 from services.core.policy import ClusterState, Pick, Reason
+from services.core.prefixes import NODE_DEPTHS, NODE_SHARE, parse_node_name
 from services.core.request import Request
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL
 
+BALANCES = ("requests", "tokens")
 BALANCE_FACTOR = 1.25
 SPILL_FLOOR = 8
 
@@ -60,7 +62,8 @@ class CacheRoutePolicy:
 
     def __init__(self, replicas: int, *, rng: random.Random, cold: str = DEFAULT_COLD_TAIL,
                  flat_fallback: bool = False, balance_factor: float | None = BALANCE_FACTOR,
-                 spill_floor: int = SPILL_FLOOR):
+                 spill_floor: int = SPILL_FLOOR, prefix: bool = False, balance: str = "requests",
+                 reuse_weight: float = 1.0):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
@@ -70,13 +73,21 @@ class CacheRoutePolicy:
             raise ValueError(f"spill_floor must be >= 0, got {spill_floor!r}")
         self.balance_factor = balance_factor
         self.spill_floor = spill_floor
-        self._spill_ring = Ring(replicas) if balance_factor is not None else None
+        self._spill_ring = Ring(replicas)
         self.replicas = replicas
         self.cold = cold
         self.flat_fallback = flat_fallback
         self._rng = rng
         self._cold_ring = ChwblPolicy(replicas, rng=rng) if cold == "chwbl" else None
         self._table: Mapping[str, tuple[int, ...]] = {}
+        self.prefix = prefix
+        if balance not in BALANCES:
+            raise ValueError(f"unknown balance {balance!r}; valid: {', '.join(BALANCES)}")
+        self.balance = balance
+        self.reuse_weight = reuse_weight
+        self._nodes: dict[int, tuple[int, ...]] = {}
+        self._depths: tuple[int, ...] = ()
+        self._node_ring = self._spill_ring
         self.plan = None
 
     def set_plan(self, plan) -> None:
@@ -84,7 +95,18 @@ class CacheRoutePolicy:
         for key, members in table.items():
             if not members or min(members) < 0 or max(members) >= self.replicas:
                 raise ValueError(f"plan maps key {key!r} to {members}, outside 0..{self.replicas - 1}")
+        nodes: dict[int, tuple[int, ...]] = {}
+        depths: set[int] = set()
+        if plan is not None and self.prefix:
+            for name, entry in plan.prefixes.items():
+                members = entry.replicas
+                if not members or min(members) < 0 or max(members) >= self.replicas:
+                    raise ValueError(f"plan maps prefix {name} to {members}, outside 0..{self.replicas - 1}")
+                nodes[parse_node_name(name)] = members
+                depths.add(entry.tokens // 16)
         self._table = table
+        self._nodes = nodes
+        self._depths = tuple(sorted((d for d in depths if d in NODE_DEPTHS), reverse=True))
         self.plan = plan
 
     def table_from(self, plan) -> Mapping[str, tuple[int, ...]]:
@@ -97,7 +119,13 @@ class CacheRoutePolicy:
     def pick(self, request: Request, state: ClusterState) -> Pick:
         if self.flat_fallback:
             return Pick(p2c(self._rng, state), Reason.FALLBACK)
+        if self.balance == "tokens":
+            return self._pick_tokens(request, state)
         members = self._table.get(request.key)
+        if members is None and self._nodes:
+            members = self._node_members(request)
+            if members is not None:
+                return self._pick_node(request.key, members, state)
         if members is None:
             if self._cold_ring is not None:
                 return Pick(self._cold_ring.choose(request.key, state), Reason.COLD)
@@ -116,6 +144,95 @@ class CacheRoutePolicy:
             return Pick(best, Reason.PLANNED)
         return Pick(self._spill(request.key, state, bound), Reason.FALLBACK)
 
+    def _pick_tokens(self, request, state: ClusterState) -> Pick:
+        """balance="tokens": the home set H is the key's planned members, else the members of the
+        deepest planned prefix node on the request's chain, else the key's ring owner (the cold
+        tail). The least-backlogged healthy member of H (backlog = `prefill_tokens`, uncached
+        prompt tokens queued) wins unless its backlog exceeds the tokens it saves (the request's
+        reusable prefix x reuse_weight) and some replica's backlog is lower than the home's minus
+        that saving: a replica is worth leaving only when its queue costs more than the prefill
+        its cache spares. The spill goes to the first such replica on the key's ring (as the
+        overload guard's spill does), not the globally least busy: scattering spills re-prefills
+        the prefix everywhere, which adds work exactly when there is too much (measured: the
+        flagship K=128 collapsed above 200 QPS that way). With `balance_factor` set, members must
+        also meet the in-flight bound."""
+        members = self._table.get(request.key)
+        reason = Reason.PLANNED
+        healthy = state.healthy
+        if members is None and self._nodes:
+            node = self._node_members(request)
+            if node is not None:          # a session keeps to one member: the first on its ring
+                members = (next((r for r in self._spill_ring.walk(request.key) if r in node and healthy[r]),
+                                node[0]),)
+        if members is None:
+            reason = Reason.COLD
+            owner = next((r for r in self._spill_ring.walk(request.key) if healthy[r]), -1)
+            if owner < 0:
+                return Pick(p2c(self._rng, state), Reason.COLD)   # raises NoHealthyReplica
+            members = (owner,)
+        load, backlog = state.in_flight, state.prefill_tokens
+        bound = self._bound(state)
+        home = -1
+        for r in members:
+            if healthy[r] and load[r] + 1 <= bound and (home < 0 or (backlog[r], load[r]) < (backlog[home], load[home])):
+                home = r
+        if home < 0:
+            if not any(healthy):
+                return Pick(p2c(self._rng, state), Reason.FALLBACK)
+            return Pick(self._spill(request.key, state, bound), Reason.FALLBACK)
+        saved = request.prefix_tokens * self.reuse_weight
+        limit = backlog[home] - saved
+        if limit <= 0:
+            return Pick(home, reason)
+        # the home's queue costs more than its cache saves: the first replica on the key's ring
+        # whose queue is shorter by that much (walking the key's own ring keeps one key's spill
+        # on few replicas, so the spilled prefix warms there instead of everywhere)
+        for r in self._spill_ring.walk(request.key):
+            if healthy[r] and backlog[r] < limit and load[r] + 1 <= bound and r not in members:
+                return Pick(r, Reason.FALLBACK)
+        return Pick(home, reason)
+
+    def _bound(self, state: ClusterState) -> float:
+        """The in-flight bound of the overload guard (inf with the guard off)."""
+        c = self.balance_factor
+        if c is None:
+            return math.inf
+        load, healthy = state.in_flight, state.healthy
+        live = healthy.count(True)
+        if not live:
+            return math.inf
+        total = sum(load) if live == len(load) else sum(compress(load, healthy))
+        return max(self.spill_floor, math.ceil(c * (total + 1) / live))
+
+    def _node_members(self, request) -> tuple[int, ...] | None:
+        """Members of the deepest planned prefix node on the request's chain, if that node covers
+        at least NODE_SHARE of the request's reusable prefix (else None: a session that has grown
+        far past a shared system prompt is better served where its own turns are)."""
+        blocks = request.blocks
+        n = len(blocks)
+        nodes = self._nodes
+        for d in self._depths:
+            if d <= n:
+                members = nodes.get(blocks[d - 1])
+                if members is not None:
+                    return members if d >= NODE_SHARE * n else None
+        return None
+
+    def _pick_node(self, key: str, members: tuple[int, ...], state: ClusterState) -> Pick:
+        """A cold key reaching a planned prefix node: the first member on the key's ring within the
+        bound (so a session keeps to one member), else the ring spill (FALLBACK)."""
+        load, healthy = state.in_flight, state.healthy
+        bound = self._bound(state)
+        seen = False
+        for r in self._spill_ring.walk(key):
+            if r in members and healthy[r]:
+                if load[r] + 1 <= bound:
+                    return Pick(r, Reason.PLANNED)
+                seen = True
+        if not seen:
+            return Pick(p2c(self._rng, state), Reason.FALLBACK)
+        return Pick(self._spill(key, state, bound), Reason.FALLBACK)
+
     def _spill(self, key: str, state: ClusterState, bound: int) -> int:
         """First healthy ring successor of the key within the bound (members are all above it)."""
         healthy, load = state.healthy, state.in_flight
@@ -123,3 +240,14 @@ class CacheRoutePolicy:
             if healthy[r] and load[r] + 1 <= bound:
                 return r
         return least_loaded(range(len(load)), state)      # unreachable for c >= 1
+
+
+PREFIX_KNOBS = {"prefix": True, "balance": "tokens", "balance_factor": None, "reuse_weight": 4.0}
+
+
+def prefix_policy(replicas: int, *, rng: random.Random, **knobs) -> CacheRoutePolicy:
+    """`cacheroute-prefix`: the cacheroute policy with prefix nodes and token balance (PREFIX_KNOBS,
+    each overridable); the simulator plans it with services.core.prefixes.build_prefix_plan."""
+    policy = CacheRoutePolicy(replicas, rng=rng, **{**PREFIX_KNOBS, **knobs})
+    policy.name = "cacheroute-prefix"
+    return policy
