@@ -10,7 +10,7 @@ from services.core.metrics import slo_capacity
 from services.core.plan import Plan, ShadowReport
 from services.core.policies import make_policy
 from services.core.request import Request
-from services.core.shadow import ReplayRecord, Replay, ShadowConfig, latest, records_to_requests, scaled, verdict
+from services.core.shadow import Replay, ReplayRecord, ShadowConfig, latest, records_to_requests, scaled, verdict
 from services.sim.simulator import SimConfig, Simulator
 
 
