@@ -82,7 +82,7 @@ COMPARE: dict[str, list[str]] = {
                          "--slo-p99", "3.5", "--duration", "150", "--warmup", "60", *BOOT, "--jobs", "1"],
     # (c) on the paper's model size (the derived 32B profile, one H100 per replica)
     "low-reuse-32b": ["sim", "compare", "--profile", "qwen2.5-32b-fp8-h100", "--workload", "low-reuse",
-                      "--policies", "flat,cacheroute", "--qps-grid", "20,40,60,80,100,120,160", "--slo-p99", "3.5",
+                      "--policies", "flat,cacheroute", "--qps-grid", "20,40,60,70,80,90,100", "--slo-p99", "3.5",
                       *SYNTH],
     # the same at two points only (sized for the shared machine)
     "low-reuse-32b-2pt": ["sim", "compare", "--profile", "qwen2.5-32b-fp8-h100", "--workload", "low-reuse",
