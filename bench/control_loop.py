@@ -171,17 +171,27 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-async def until_routed(stubs, version: int, timeout: float = 120.0) -> float:
+STALLS: list[float] = []    # the longest GetStatus answer per dispatcher per interval (event loop busy)
+
+
+async def until_routed(stubs, version: int, timeout: float = 300.0) -> float:
     """Seconds until every dispatcher reports `version` (polled every 5 ms)."""
     start = time.perf_counter()
 
     async def one(stub) -> None:
+        worst = 0.0
         while True:
-            status = await stub.GetStatus(dispatcher_pb2.GetDispatcherStatusRequest(), timeout=5)
-            if status.plan_version >= version:
+            t0 = time.perf_counter()
+            try:
+                status = await stub.GetStatus(dispatcher_pb2.GetDispatcherStatusRequest(), timeout=60)
+            except grpc.aio.AioRpcError:
+                status = None
+            worst = max(worst, time.perf_counter() - t0)
+            if status is not None and status.plan_version >= version:
+                STALLS.append(worst)
                 return
             if time.perf_counter() - start > timeout:
-                raise TimeoutError(f"dispatcher still on v{status.plan_version}, wanted v{version}")
+                raise TimeoutError(f"dispatcher not on v{version} after {timeout:g}s")
             await asyncio.sleep(0.005)
 
     await asyncio.gather(*(one(s) for s in stubs))
@@ -210,7 +220,9 @@ async def interval(store: RedisStore, stubs, replicas: list[str], q_cap: float, 
     s = time.perf_counter()
     await store.activate(plan.version, expected=active.version if active else 0, now=now, reason="bench")
     t["activate"] = time.perf_counter() - s
+    STALLS.clear()
     t["routed"] = await until_routed(stubs, plan.version)
+    t["stall"] = max(STALLS)
     t["interval"] = sum(t.values())
     t["keys"] = len(snap.keys)
     t["table"] = len(plan.table)
@@ -241,7 +253,7 @@ async def run_one(n_keys: int, args: argparse.Namespace) -> dict:
             fake = ",".join(f"{r}=127.0.0.1:{9 + i}" for i, r in enumerate(replicas))   # nothing listens there
             dispatchers = []
             for i in range(args.dispatchers):
-                d = spawn("services.dispatcher", "--replicas", fake, "--planner", p_addr,
+                d = spawn("services.dispatcher", "--replicas", fake, "--planner", p_addr, "--http-port", "-1",
                           "--dispatcher-id", f"bench-{i}", "--poll-interval", "1", "--telemetry-interval", "5")
                 procs.append(d)
                 dispatchers.append((d, serving_address(d)))
@@ -280,9 +292,11 @@ def report(r: dict) -> None:
     print(f"\n{r['keys']:,} keys, fill {r['fill']} ({r['fields']:,} fields per hash over 31 buckets; "
           f"filled in {r['fill_s']:.1f} s)")
     cols = ("read", "build", "decide", "write", "activate", "routed", "interval")
-    print(f"{'interval':<10}" + "".join(f"{c:>10}" for c in cols) + f"{'churn':>8}{'table':>10}")
+    print(f"{'interval':<10}" + "".join(f"{c:>10}" for c in cols) + f"{'churn':>8}{'table':>10}{'stall':>9}")
     for t in r["intervals"]:
-        print(f"{t['name']:<10}" + "".join(f"{t[c]:>9.2f}s" for c in cols) + f"{t['churn']:>8.3f}{t['table']:>10,}")
+        print(f"{t['name']:<10}" + "".join(f"{t[c]:>9.2f}s" for c in cols) + f"{t['churn']:>8.3f}{t['table']:>10,}"
+              f"{t['stall']:>8.2f}s")
+    print("stall: the longest a dispatcher took to answer GetStatus while installing the plan")
     for i, (a, b, c) in enumerate(zip(r["rss_before"], r["rss_first"], r["rss_last"])):
         print(f"dispatcher {i}: RSS {a:.0f} MiB before any plan, {b:.0f} MiB with the first "
               f"(+{b - a:.0f} MiB), {c:.0f} MiB after {len(r['intervals']) - 1} more")

@@ -20,6 +20,15 @@ generator, not the router, is the bottleneck.
 Goal (issue 11): on one dispatcher process, added p50 ≤ 1 ms and p99 ≤ 5 ms at 500 req/s.
 
     .venv/bin/python bench/http_proxy.py [--rates 100,500,1000] [--seconds 5] [--kind vllm] [--json]
+
+`--workers 1,2` instead: the dispatcher as N worker processes on one HTTP port (`--workers N`,
+SO_REUSEPORT); for each N a load generator in its own process (`--load`, one aiohttp
+session whose pooled connections the kernel spreads over the workers) sends the proxied
+requests only, at rising rates (x1.25 from `--sweep-from`, `--seconds` each); the highest
+rate whose end-of-stream p99 is <= `--p99-ms` (20) with no errors and >= 95% of the rate
+achieved, per N, and the ratio N=2 : N=1 (goal >= 1.5x on 2 cores).
+
+    .venv/bin/python bench/http_proxy.py --workers 1,2 [--seconds 3]
 """
 
 from __future__ import annotations
@@ -214,6 +223,69 @@ async def main(args) -> dict:
             "idle_cpu_share": idle_rate, "rows": rows}
 
 
+async def load_only(url: str, rate: float, seconds: float) -> dict:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await run_block(session, [url], min(rate, 200.0), 0.5, 10**6)        # warm the pool
+        t0 = time.monotonic()
+        got, bad, lag = await run_block(session, [url], rate, seconds, 0)
+        wall = time.monotonic() - t0
+    total = [r[1] for r in got]
+    return {"rate": rate, "achieved": len(got) / wall, "errors": bad, "p50_ms": pct(total, 0.5) * 1e3,
+            "p99_ms": pct(total, 0.99) * 1e3, "lag_p99_ms": pct(lag, 0.99) * 1e3}
+
+
+async def sweep_workers(args) -> None:
+    engines = []
+    http_ports = [free_port() for _ in range(args.engines)]
+    grpc_ports = [free_port() for _ in range(args.engines)]
+    for i in range(args.engines):
+        engines.append(spawn("services.engine", "--port", str(grpc_ports[i]), "--http-port", str(http_ports[i]),
+                             "--replica-id", f"e{i}", "--time-scale", str(args.time_scale)))
+    engine_urls = [f"http://127.0.0.1:{p}" for p in http_ports]
+    replicas = ",".join(f"e{i}={args.kind}+{u}" for i, u in enumerate(engine_urls))
+    best: dict[int, float] = {}
+    print(f"HTTP proxy vs dispatcher worker processes: kind {args.kind}, {args.engines} simulated engines, "
+          f"load generator process, {args.seconds:g} s per rate, goal end-of-stream p99 <= {args.p99_ms:g} ms; "
+          f"{os.cpu_count()} cores")
+    print(f"{'workers':>7} {'rate':>6} {'achieved':>9} {'err':>5} {'p50 ms':>7} {'p99 ms':>7} {'lag p99':>8}")
+    try:
+        async with aiohttp.ClientSession() as session:
+            for url in engine_urls:
+                await wait_healthy(session, url)
+            for n in args.workers:
+                port = free_port()
+                d = spawn("services.dispatcher", "--port", str(free_port()), "--http-port", str(port),
+                          "--replicas", replicas, "--engine-kind", args.kind, "--seed", "1", "--workers", str(n))
+                url = f"http://127.0.0.1:{port}"
+                try:
+                    await wait_healthy(session, url)
+                    await asyncio.sleep(1.0)
+                    rate, misses, best[n] = args.sweep_from, 0, 0.0
+                    while misses < 2 and rate <= args.sweep_to:
+                        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--load", url,
+                                              "--load-rate", str(rate), "--seconds", str(args.seconds)],
+                                             cwd=ROOT, capture_output=True, text=True, timeout=args.seconds * 10 + 60)
+                        r = json.loads(out.stdout.strip().splitlines()[-1])
+                        ok = r["errors"] == 0 and r["p99_ms"] <= args.p99_ms and r["achieved"] >= 0.95 * rate
+                        print(f"{n:7d} {rate:6.0f} {r['achieved']:9.0f} {r['errors']:5d} {r['p50_ms']:7.2f} "
+                              f"{r['p99_ms']:7.2f} {r['lag_p99_ms']:8.2f}{'' if ok else ' over'}")
+                        if ok:
+                            best[n], misses = rate, 0
+                        else:
+                            misses += 1
+                        rate *= 1.25
+                finally:
+                    stop(d)
+    finally:
+        for e in engines:
+            stop(e)
+    for n, rate in best.items():
+        print(f"  {n} worker(s): highest rate at p99 <= {args.p99_ms:g} ms: {rate:,.0f} req/s")
+    if best.get(1):
+        ratio = best.get(2, 0.0) / best[1]
+        print(f"  2 workers / 1 worker: {ratio:.2f}x (goal >= 1.5x: {'met' if ratio >= 1.5 else 'NOT met'})")
+
+
 def table(doc: dict) -> str:
     lines = [f"HTTP proxy, kind {doc['kind']}, {doc['engines']} simulated engines (time scale {doc['time_scale']:g}), "
              f"{doc['seconds']:g} s per rate; streamed chat, max_tokens 4; ms on the client",
@@ -240,7 +312,18 @@ if __name__ == "__main__":
     parser.add_argument("--time-scale", type=float, default=0.01)
     parser.add_argument("--kind", default="vllm", choices=("vllm", "openai", "cacheroute"))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--workers", type=lambda t: [int(x) for x in t.split(",")], default=None)
+    parser.add_argument("--p99-ms", type=float, default=20.0)
+    parser.add_argument("--sweep-from", type=float, default=100.0)
+    parser.add_argument("--sweep-to", type=float, default=5000.0)
+    parser.add_argument("--load", help=argparse.SUPPRESS)
+    parser.add_argument("--load-rate", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
-    doc = asyncio.run(main(args))
-    print(json.dumps(doc, indent=2) if args.json else table(doc))
+    if args.load:
+        print(json.dumps(asyncio.run(load_only(args.load, args.load_rate, args.seconds))))
+    elif args.workers:
+        asyncio.run(sweep_workers(args))
+    else:
+        args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
+        doc = asyncio.run(main(args))
+        print(json.dumps(doc, indent=2) if args.json else table(doc))

@@ -218,7 +218,7 @@ async def run(args: argparse.Namespace) -> None:
         for p in ports:
             await wait_serving(f"127.0.0.1:{p}")
         d_ports = [free_port(), free_port()]
-        dispatchers = [spawn("services.dispatcher", "--port", str(p), "--replicas", replicas, "--redis", redis.url,
+        dispatchers = [spawn("services.dispatcher", "--http-port", "-1", "--port", str(p), "--replicas", replicas, "--redis", redis.url,
                              "--dispatcher-id", f"d{i}") for i, p in enumerate(d_ports)]
         for proc in dispatchers:
             stack.callback(stop, proc)
@@ -331,7 +331,7 @@ async def run_workers(args: argparse.Namespace) -> None:
         best: dict[int, float] = {}
         for n in args.workers:
             port = free_port()
-            proc = spawn("services.dispatcher", "--port", str(port), "--replicas", replicas, "--redis", redis.url,
+            proc = spawn("services.dispatcher", "--http-port", "-1", "--port", str(port), "--replicas", replicas, "--redis", redis.url,
                          "--workers", str(n))
             address = f"127.0.0.1:{port}"
             try:

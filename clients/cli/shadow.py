@@ -76,7 +76,7 @@ def cmd_shadow(args: argparse.Namespace) -> int:
 
 def load_records(path: str, qps: float | None):
     """Aggregate records from a trace or a records file (ValueError naming the file on bad input)."""
-    from services.core.shadow import ArrivalRecord, requests_to_records
+    from services.core.shadow import ReplayRecord, requests_to_records
     from services.sim import tracefiles
 
     if path.endswith(".csv"):
@@ -101,7 +101,7 @@ def load_records(path: str, qps: float | None):
                 continue
             try:
                 d = orjson.loads(line)
-                out.append(ArrivalRecord(str(d["key"]), float(d["time"]), int(d["prompt_tokens"]),
+                out.append(ReplayRecord(str(d["key"]), float(d["time"]), int(d["prompt_tokens"]),
                                          int(d["prefix_tokens"]), int(d.get("output_tokens", 0))))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{lineno}: malformed record: {exc}") from None

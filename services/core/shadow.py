@@ -12,7 +12,7 @@ Then replay both at a few scaled loads (the same stream time-compressed by each 
 and its matched-load p99 is finite. A higher hit rate alone never passes: the paper's 32B
 workload raised its hit rate 1.1% -> 11.8% and lost half its capacity.
 
-Input is aggregate only, never content: one `ArrivalRecord` per request (key, time, prompt
+Input is aggregate only, never content: one `ReplayRecord` per request (key, time, prompt
 tokens, reusable prefix tokens, output tokens). `records_to_requests` turns records into
 simulator requests: each key gets a chain of synthetic 16-token block hashes long enough for
 its longest prefix, a request carries the first prefix_tokens // 16 of them (so requests of one
@@ -40,20 +40,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Sequence
 
 from services.core.engine import EngineProfile
 from services.core.plan import ShadowReport
 from services.core.policies.cacheroute import BALANCE_FACTOR
 from services.core.request import BLOCK_TOKENS, Request
-from services.model import DEFAULT_COLD_TAIL
-
-Mode = Literal["planned", "flat"]
-
+from services.model import DEFAULT_COLD_TAIL, Mode
 
 @dataclass(frozen=True, slots=True)
-class ArrivalRecord:
-    """One recorded request in aggregate form."""
+class ReplayRecord:
+    """One recorded request in aggregate form, for replay: the store's ArrivalRecord (services.model)
+    with output tokens."""
 
     key: str
     time: float               # seconds, any origin
@@ -95,7 +93,7 @@ class ShadowConfig:
 # records -> requests
 
 
-def records_to_requests(records: Iterable[ArrivalRecord], *, default_output_tokens: int = 192,
+def records_to_requests(records: Iterable[ReplayRecord], *, default_output_tokens: int = 192,
                         namespace: str = "shadow") -> list[Request]:
     """Simulator requests for the records, by time, first arrival at t = 0 (module header)."""
     from services.core.workloads import block_hashes
@@ -121,13 +119,13 @@ def records_to_requests(records: Iterable[ArrivalRecord], *, default_output_toke
     return out
 
 
-def requests_to_records(requests: Iterable[Request]) -> list[ArrivalRecord]:
+def requests_to_records(requests: Iterable[Request]) -> list[ReplayRecord]:
     """The aggregate view of simulator requests (what telemetry would have recorded)."""
-    return [ArrivalRecord(q.key, q.arrival, q.prompt_tokens, q.prefix_tokens, q.output_tokens)
+    return [ReplayRecord(q.key, q.arrival, q.prompt_tokens, q.prefix_tokens, q.output_tokens)
             for q in requests]
 
 
-def _check_record(r: ArrivalRecord) -> None:
+def _check_record(r: ReplayRecord) -> None:
     if not r.key:
         raise ValueError("record with an empty key")
     if not math.isfinite(r.time):
@@ -137,7 +135,7 @@ def _check_record(r: ArrivalRecord) -> None:
                          f"(prompt {r.prompt_tokens}, prefix {r.prefix_tokens}, output {r.output_tokens})")
 
 
-def latest(records: Sequence[ArrivalRecord], max_requests: int) -> list[ArrivalRecord]:
+def latest(records: Sequence[ReplayRecord], max_requests: int) -> list[ReplayRecord]:
     """The `max_requests` most recent records, by time."""
     recs = sorted(records, key=lambda r: r.time)
     return recs[-max_requests:]
@@ -190,7 +188,7 @@ class Observed:
 
     active_keys: int            # distinct keys seen
     ttft_p99: float             # seconds; nan when unknown
-    mode: Mode = "planned"      # "planned" only if the whole window was routed by the plan
+    mode: Mode = Mode.PLANNED   # planned only if the whole window was routed by the plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,16 +209,16 @@ def validated_range(validated: ShadowReport, config: FallbackConfig = FallbackCo
 
 def fallback_check(validated: ShadowReport | None, observed: Observed,
                    config: FallbackConfig = FallbackConfig()) -> tuple[Mode, str]:
-    """("planned" | "flat", reason): stay planned only inside the validated range (module header)."""
+    """(Mode.PLANNED | Mode.FLAT, reason): stay planned only inside the validated range (module header)."""
     if validated is None or not validated.ran:
-        return "flat", "no shadow replay validates the plan"
+        return Mode.FLAT, "no shadow replay validates the plan"
     if not validated.passed:
-        return "flat", f"plan failed the shadow gate: {validated.reason}"
+        return Mode.FLAT, f"plan failed the shadow gate: {validated.reason}"
     (lo, hi), p99_max = validated_range(validated, config)
     if not lo <= observed.active_keys <= hi:
-        return "flat", (f"active keys {observed.active_keys} outside the validated range "
+        return Mode.FLAT, (f"active keys {observed.active_keys} outside the validated range "
                         f"{lo:.0f}..{hi:.0f}")
-    if observed.mode == "planned" and not math.isnan(observed.ttft_p99) and observed.ttft_p99 > p99_max:
-        return "flat", f"p99 {observed.ttft_p99:.3g}s above the validated {p99_max:.3g}s"
-    return "planned", (f"inside the validated range ({observed.active_keys} keys, "
+    if observed.mode == Mode.PLANNED and not math.isnan(observed.ttft_p99) and observed.ttft_p99 > p99_max:
+        return Mode.FLAT, f"p99 {observed.ttft_p99:.3g}s above the validated {p99_max:.3g}s"
+    return Mode.PLANNED, (f"inside the validated range ({observed.active_keys} keys, "
                        f"p99 limit {p99_max:.3g}s)")

@@ -111,7 +111,7 @@ def evaluate(records: Sequence[tuple[str, float, int, int]], candidate_json: byt
     from services.core import shadow
     from services.sim import replay
 
-    recs = shadow.latest([shadow.ArrivalRecord(k, t / config.time_scale, max(1, p), x) for k, t, p, x in records],
+    recs = shadow.latest([shadow.ReplayRecord(k, t / config.time_scale, max(1, p), x) for k, t, p, x in records],
                          config.max_requests)
     out: dict[str, Any] = {"report": None, "observed": None}
     if candidate_json is not None:

@@ -136,10 +136,16 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         old = await self._plan(request.from_version)
         new = await self._plan(request.to_version or await self._active_version())
         diff = await asyncio.to_thread(plan_diff, old, new)
+        cap = min(request.max_moves or 100, MAX_MOVES)
         moves = [planner_pb2.KeyMove(key=m.key, from_replicas=m.old, to_replicas=m.new, rate=m.rate)
-                 for m in diff.moves[:min(request.max_moves or 100, MAX_MOVES)]]
-        return planner_pb2.DiffPlansResponse(churn=diff.churn, keys_moved=diff.keys_moved, keys_added=diff.keys_added,
-                                             keys_removed=diff.keys_removed, moves=moves)
+                 for m in diff.moves[:cap]]
+        prefix_moves = [planner_pb2.KeyMove(key=m.key, from_replicas=m.old, to_replicas=m.new, rate=m.rate)
+                        for m in diff.prefix_moves[:cap]]
+        return planner_pb2.DiffPlansResponse(
+            churn=diff.churn, keys_moved=diff.keys_moved, keys_added=diff.keys_added, keys_removed=diff.keys_removed,
+            moves=moves, prefixes_kept=diff.prefixes_kept, prefixes_moved=sum(1 for m in diff.prefix_moves if m.old),
+            prefixes_added=sum(1 for m in diff.prefix_moves if not m.old),
+            prefixes_removed=len(diff.prefixes_removed), prefix_moves=prefix_moves)
 
     async def GetStatus(self, request, context):
         state, loop = await self.store.get_control(), self.loop.status()

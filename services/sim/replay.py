@@ -10,11 +10,11 @@ from services.core.metrics import slo_capacity
 from services.core.plan import Plan, ShadowReport
 from services.core.policies import make_policy
 from services.core.request import Request
-from services.core.shadow import ArrivalRecord, Replay, ShadowConfig, latest, records_to_requests, scaled, verdict
+from services.core.shadow import Replay, ReplayRecord, ShadowConfig, latest, records_to_requests, scaled, verdict
 from services.sim.simulator import SimConfig, Simulator
 
 
-def shadow_replay(records: Sequence[ArrivalRecord], plan: Plan, config: ShadowConfig) -> ShadowReport:
+def shadow_replay(records: Sequence[ReplayRecord], plan: Plan, config: ShadowConfig) -> ShadowReport:
     """Replay `records` under `plan` and under Flat-LB; the gate's verdict (module header)."""
     if plan.replicas != config.replicas:
         raise ValueError(f"plan has {plan.replicas} replicas, config {config.replicas}")

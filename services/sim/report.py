@@ -1,5 +1,6 @@
 """Compare reports: a markdown table and PNG plots from per-policy capacity sweeps
-(`{policy: capacity_report(...)}`, see services.sim.runs)."""
+(`{policy: capacity_report(...)}`, see services.sim.runs). The plots need matplotlib, from the
+`lab` extra (pip install 'cacheroute[lab]'); `cacheroute sim compare` checks for it first."""
 
 from __future__ import annotations
 

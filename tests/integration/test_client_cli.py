@@ -60,7 +60,7 @@ def test_route_errors_are_one_line(stack, capsys):
 
 def test_status_reports_every_service(stack, capsys):
     collector, dispatcher = stack
-    main(["route", "hot", "--dispatcher", dispatcher.address])
+    main(["route", "hot", "--dispatchers", dispatcher.address])      # route takes the shared flag
     capsys.readouterr()
     rc = main(["status", "--planner", "", "--collector", collector.address, "--dispatchers", dispatcher.address,
                "--json"])
@@ -79,11 +79,7 @@ def test_status_reports_every_service(stack, capsys):
     assert doc["planner"]["health"] == "unreachable" and doc["dispatchers"][1]["health"] == "unreachable"
     assert doc["dispatchers"][0]["health"] == "serving"
 
-
-def test_status_prints_a_table_for_people(stack, capsys):
-    collector, dispatcher = stack
-    main(["route", "hot", "--dispatchers", dispatcher.address])      # route takes the shared flag
-    capsys.readouterr()
+    # the default output is a table for people
     rc = main(["status", "--planner", DEAD, "--collector", collector.address, "--dispatchers", dispatcher.address,
                "--timeout", "0.5"])
     out = capsys.readouterr().out

@@ -81,6 +81,10 @@ def test_new_keys_sharing_a_document_land_on_its_planned_replica_and_hit(redis_u
                 await wait_until(lambda: planner.loop.status().hit_rates.get("achieved_hit_rate") is not None,
                                  timeout=10, step=0.1)
                 out["status"] = await asyncio.to_thread(status)
+                from clients import AsyncCacheRouteClient
+                async with AsyncCacheRouteClient(ds[0].address, planner=planner.address) as client:
+                    out["diff"] = await client.diff_plans(1, 0)              # the first stored version -> active
+                    out["shown"] = await client.get_plan(0, summary_only=True)
         finally:
             for d in ds:
                 await d.stop(0)
@@ -93,6 +97,9 @@ def test_new_keys_sharing_a_document_land_on_its_planned_replica_and_hit(redis_u
     assert len(out["versions"]) == 1                                      # both dispatchers hold one plan
     assert out["entry"].keys >= 2 and out["entry"].tokens == 16 * DOC_BLOCKS
     assert 0 < out["available"] <= 1
+    diff, shown = out["diff"], out["shown"]                               # `cacheroute plans diff / show`
+    assert diff.prefixes_kept + diff.prefixes_moved + diff.prefixes_added == len(shown.prefixes) >= 1
+    assert shown.HasField("available_hit_rate")
     assert 0 < out["status"]["available_hit_rate"] <= 1 and 0 <= out["status"]["achieved_hit_rate"] <= 1
     new = out["new"]
     assert all(c.route.reason == common_pb2.ROUTE_REASON_PLANNED for c in new), [c.route for c in new]

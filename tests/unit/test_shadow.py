@@ -11,7 +11,7 @@ from services.core.engine import PROFILES
 from services.core.plan import Plan, ShadowReport
 from services.core.planning import build_plan
 from services.core.request import BLOCK_TOKENS
-from services.core.shadow import (ArrivalRecord, FallbackConfig, Observed, Replay, ShadowConfig, fallback_check,
+from services.core.shadow import (ReplayRecord, FallbackConfig, Observed, Replay, ShadowConfig, fallback_check,
                                   latest, records_to_requests, requests_to_records, scaled, validated_range, verdict)
 from services.core.workloads import make_workload
 from services.sim.replay import shadow_replay
@@ -20,8 +20,8 @@ P8 = PROFILES["llama3-8b-h100"]
 
 
 def test_records_share_prefix_blocks_per_key_and_suffix_never_shared():
-    recs = [ArrivalRecord("b", 5.0, 900, 512, 10), ArrivalRecord("a", 2.0, 1000, 640, 0),
-            ArrivalRecord("a", 3.0, 700, 320, 7), ArrivalRecord("b", 4.0, 300, 512, 1)]
+    recs = [ReplayRecord("b", 5.0, 900, 512, 10), ReplayRecord("a", 2.0, 1000, 640, 0),
+            ReplayRecord("a", 3.0, 700, 320, 7), ReplayRecord("b", 4.0, 300, 512, 1)]
     reqs = records_to_requests(recs, default_output_tokens=99)
     assert [q.arrival for q in reqs] == [0.0, 1.0, 2.0, 3.0]
     assert [q.rid for q in reqs] == [0, 1, 2, 3]
@@ -44,15 +44,15 @@ def test_round_trip_through_records_keeps_the_prefix_structure():
         assert r.arrival == pytest.approx(q.arrival - wl.requests[0].arrival)
 
 
-@pytest.mark.parametrize("bad", [ArrivalRecord("", 0.0, 10, 0), ArrivalRecord("k", math.nan, 10, 0),
-                                 ArrivalRecord("k", 0.0, 0, 0), ArrivalRecord("k", 0.0, 10, -1)])
+@pytest.mark.parametrize("bad", [ReplayRecord("", 0.0, 10, 0), ReplayRecord("k", math.nan, 10, 0),
+                                 ReplayRecord("k", 0.0, 0, 0), ReplayRecord("k", 0.0, 10, -1)])
 def test_bad_records_are_rejected(bad):
     with pytest.raises(ValueError):
         records_to_requests([bad])
 
 
 def test_latest_and_scaled():
-    recs = [ArrivalRecord("k", float(t), 10, 0) for t in (3, 1, 2, 0)]
+    recs = [ReplayRecord("k", float(t), 10, 0) for t in (3, 1, 2, 0)]
     assert [r.time for r in latest(recs, 2)] == [2.0, 3.0]
     reqs = records_to_requests(recs)
     assert [q.arrival for q in scaled(reqs, 2.0)] == [0.0, 0.5, 1.0, 1.5]

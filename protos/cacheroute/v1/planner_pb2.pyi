@@ -122,18 +122,28 @@ class KeyMove(_message.Message):
     def __init__(self, key: _Optional[str] = ..., from_replicas: _Optional[_Iterable[str]] = ..., to_replicas: _Optional[_Iterable[str]] = ..., rate: _Optional[float] = ...) -> None: ...
 
 class DiffPlansResponse(_message.Message):
-    __slots__ = ("churn", "keys_moved", "keys_added", "keys_removed", "moves")
+    __slots__ = ("churn", "keys_moved", "keys_added", "keys_removed", "moves", "prefixes_kept", "prefixes_moved", "prefixes_added", "prefixes_removed", "prefix_moves")
     CHURN_FIELD_NUMBER: _ClassVar[int]
     KEYS_MOVED_FIELD_NUMBER: _ClassVar[int]
     KEYS_ADDED_FIELD_NUMBER: _ClassVar[int]
     KEYS_REMOVED_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_KEPT_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_ADDED_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_MOVES_FIELD_NUMBER: _ClassVar[int]
     churn: float
     keys_moved: int
     keys_added: int
     keys_removed: int
     moves: _containers.RepeatedCompositeFieldContainer[KeyMove]
-    def __init__(self, churn: _Optional[float] = ..., keys_moved: _Optional[int] = ..., keys_added: _Optional[int] = ..., keys_removed: _Optional[int] = ..., moves: _Optional[_Iterable[_Union[KeyMove, _Mapping]]] = ...) -> None: ...
+    prefixes_kept: int
+    prefixes_moved: int
+    prefixes_added: int
+    prefixes_removed: int
+    prefix_moves: _containers.RepeatedCompositeFieldContainer[KeyMove]
+    def __init__(self, churn: _Optional[float] = ..., keys_moved: _Optional[int] = ..., keys_added: _Optional[int] = ..., keys_removed: _Optional[int] = ..., moves: _Optional[_Iterable[_Union[KeyMove, _Mapping]]] = ..., prefixes_kept: _Optional[int] = ..., prefixes_moved: _Optional[int] = ..., prefixes_added: _Optional[int] = ..., prefixes_removed: _Optional[int] = ..., prefix_moves: _Optional[_Iterable[_Union[KeyMove, _Mapping]]] = ...) -> None: ...
 
 class ActivatePlanRequest(_message.Message):
     __slots__ = ("version", "expected_active_version", "reason")
