@@ -50,11 +50,13 @@ COMPARE: dict[str, list[str]] = {
     # the flagship above its first grid (every policy passed 200 there); q_cap fixed to the value
     # the flagship sweep calibrated at its lowest point, so only the grid changes; merged into
     # flagship/ by `experiments.run merge-grid flagship:flagship-high`
-    "flagship-high": ["sim", "compare", "--workload", "flagship", "--policies", ALL_POLICIES,
-                      "--qps-grid", "250,300,400", "--q-cap", "13.25", "--slo-p99", "3.5", *SYNTH],
+    # (sized for the shared machine: SGLang, the lowest p99 at 200 QPS, DualMap, the highest hit rate,
+    # and CacheRoute; a run of all nine policies on 250,300,400 took ~3.5 min per run and was stopped)
+    "flagship-high": ["sim", "compare", "--workload", "flagship", "--policies", "sglang,dualmap,cacheroute",
+                      "--qps-grid", "300,400", "--q-cap", "13.25", "--slo-p99", "3.5", *SYNTH],
     "flagship-history-high": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
                               "--rate-history", HISTORY, "--qps-grid", "250,300,400", "--q-cap", "13.25",
-                              "--slo-p99", "3.5", *SYNTH],
+                              "--slo-p99", "3.5", "--duration", "150", "--warmup", "60", *BOOT, "--jobs", "1"],
     # the same with the planner fed 30 min of aggregated per-key rates (EWMA horizon 30 min)
     "flagship-history": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
                          "--rate-history", HISTORY, "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
@@ -73,10 +75,18 @@ COMPARE: dict[str, list[str]] = {
     # dwell 10 s per state (below the 30 s control interval, far above a gap)
     "burst-mmpp": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--knob", "burst_dwell=10",
                    "--policies", "flat,cacheroute", "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    # the same at the two Poisson capacities only (flat 100, cacheroute 250; q_cap as flagship-k128),
+    # sized for the shared machine: does each still pass under correlated bursts?
+    "burst-mmpp-knees": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--knob", "burst_dwell=10",
+                         "--policies", "flat,cacheroute", "--qps-grid", "100,250", "--q-cap", "10.75",
+                         "--slo-p99", "3.5", "--duration", "150", "--warmup", "60", *BOOT, "--jobs", "1"],
     # (c) on the paper's model size (the derived 32B profile, one H100 per replica)
     "low-reuse-32b": ["sim", "compare", "--profile", "qwen2.5-32b-fp8-h100", "--workload", "low-reuse",
                       "--policies", "flat,cacheroute", "--qps-grid", "20,40,60,80,100,120,160", "--slo-p99", "3.5",
                       *SYNTH],
+    # the same at two points only (sized for the shared machine)
+    "low-reuse-32b-2pt": ["sim", "compare", "--profile", "qwen2.5-32b-fp8-h100", "--workload", "low-reuse",
+                          "--policies", "flat,cacheroute", "--qps-grid", "60,100", "--slo-p99", "3.5", *SYNTH],
     # traces: 8B profile, 8 replicas (docs/experiments.md, experiment f, says why)
     "mooncake-conversation": ["sim", "compare", "--trace", f"{MOONCAKE}/conversation_trace.first_half.jsonl",
                               "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", TRACE_POLICIES,
@@ -157,15 +167,21 @@ def merge_grid(name: str, extra: str) -> int:
     from services.sim import report
     from services.sim.runs import capacity_report
 
-    base, more = load(name) or {}, load(extra) or {}
+    report.write(merge_points(load(name) or {}, load(extra) or {}, capacity_report), os.path.join(RESULTS, name))
+    return 0
+
+
+def merge_points(base: dict, more: dict, capacity_report) -> dict:
+    """`base` with each of its rows extended by `more`'s points for the same policy (a point at
+    the same QPS is replaced) and its capacity recomputed over the union; other rows unchanged."""
+    out = dict(base)
     for policy, row in more.items():
         if policy not in base:
             continue
         points = {p["offered_qps"]: p for p in base[policy]["points"]}
         points.update((p["offered_qps"], p) for p in row["points"])
-        base[policy] = capacity_report([points[q] for q in sorted(points)], base[policy]["slo_p99"])
-    report.write(base, os.path.join(RESULTS, name))
-    return 0
+        out[policy] = capacity_report([points[q] for q in sorted(points)], base[policy]["slo_p99"])
+    return out
 
 
 def run(name: str) -> int:

@@ -39,6 +39,7 @@ from services.model import parse_replicas
 from services.engine.llamacpp import smollm2_gguf
 from services.oai import chat_text
 from services.rpc import ServerConfig
+from services.stack import _launcher
 
 # CPU-bound: ~13 cold prefills of ~500 tokens on one thread per replica. 248-292 s on the shared
 # development VM at load average 10-15 (over 420 s at 19); issue 11 measured an 847-token cold prefill
@@ -78,7 +79,9 @@ def start_replicas(model: str, log_dir: Path, n: int = 2) -> tuple[list[subproce
     procs, logs = [], []
     for i in range(n):
         log = log_dir / f"llamacpp-{i}.log"
-        procs.append(subprocess.Popen([sys.executable, "-m", "services.engine.llamacpp", "--model", model,
+        # `setpriv --pdeathsig`: the replicas die with this process, also when a test run is killed
+        # (no preexec_fn: forking Python code deadlocks against grpc's fork handlers)
+        procs.append(subprocess.Popen([*_launcher(), sys.executable, "-m", "services.engine.llamacpp", "--model", model,
                                        "--threads", "1", "--ctx", "2048", "--parallel", "2", "--alias", "smollm2"],
                                       stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True))
         logs.append(log)

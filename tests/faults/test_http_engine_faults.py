@@ -31,6 +31,7 @@ from services.model import parse_replicas
 from services.engine.fleet import EngineFleet
 from services.httpserver import start_http
 from services.rpc import ServerConfig
+from services.stack import _launcher
 from tests.integration.test_dispatcher import hand_plan, wait_until
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
@@ -134,10 +135,11 @@ def test_a_connection_closed_mid_stream_ends_the_stream_with_an_error_event():
 
 def spawn_engine(tmp_path: Path, time_scale: float) -> tuple[subprocess.Popen, str]:
     log = tmp_path / "engine.log"
-    proc = subprocess.Popen([sys.executable, "-m", "services.engine", "--host", "127.0.0.1", "--port", "0",
+    proc = subprocess.Popen([*_launcher(), sys.executable, "-m", "services.engine", "--host", "127.0.0.1", "--port", "0",
                              "--metrics-port", "-1", "--http-port", "0", "--replica-id", "e0",
                              "--time-scale", str(time_scale)],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)   # setpriv --pdeathsig: dies with this process
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         for line in log.read_bytes().splitlines():

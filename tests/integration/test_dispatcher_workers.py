@@ -101,8 +101,15 @@ def test_two_workers_share_the_port_metrics_add_up_and_stop_together(procs: Proc
     while alive(pids[1]):                    # connections queued on the dying socket are reset
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    resets = 0
     for i in range(20):                      # the other worker keeps answering new connections
-        route(sup.address, f"after{i}")
+        try:
+            route(sup.address, f"after{i}")
+        except grpc.RpcError as err:         # a connect racing the restart may be reset: clients retry
+            assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+            resets += 1
+            route(sup.address, f"after{i}-again")
+    assert resets <= 2, resets
     deadline = time.monotonic() + 20
     while "cacheroute_dispatcher_worker_restarts_total 1.0" not in (text := scrape(sup.metrics_port)) \
             or "cacheroute_dispatcher_workers 2.0" not in text:
