@@ -39,8 +39,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     profile = PROFILES["llama3-70b-fp8-h100x2"]
+    t = time.perf_counter()
     wl = make_workload("paper", qps=args.qps, duration=args.duration, seed=args.seed)
     reqs = wl.requests
+    print(f"workload generation: {time.perf_counter() - t:.2f} s")
     short = [q for q in reqs if q.arrival < args.baseline_duration]
     print(f"workload: {len(reqs)} requests over {args.duration:g} s, mean prompt "
           f"{np.mean([q.prompt_tokens for q in reqs]):.0f}, mean output {np.mean([q.output_tokens for q in reqs]):.0f}")

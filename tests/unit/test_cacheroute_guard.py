@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -101,23 +100,6 @@ def test_every_pick_is_healthy_and_planned_picks_respect_the_bound(load, healthy
     if any(healthy[m] for m in members):           # (no healthy member: P2C fallback, unbounded)
         assert load[pick.replica] + 1 <= bound(c, load, healthy, floor)
         assert (pick.reason is Reason.PLANNED) == (pick.replica in members)
-
-
-def test_pick_stays_fast():
-    p = make_policy("cacheroute", 30)
-    keys = [f"k{i}" for i in range(128)]
-    rng = random.Random(0)
-    p.set_plan(_plan30(keys, rng))
-    s = ClusterState.empty(30)
-    s.in_flight[:] = [rng.randrange(80, 120) for _ in range(30)]
-    reqs = [request(k) for k in keys]
-    n = 20_000
-    t0 = time.perf_counter()
-    for i in range(n):
-        p.pick(reqs[i & 127], s)
-    per_pick = (time.perf_counter() - t0) / n
-    print(f"cacheroute pick with the guard: {1e6 * per_pick:.2f} us")
-    assert per_pick < 20e-6        # a few us on an idle core; generous for a shared CI box
 
 
 def _plan30(keys, rng):

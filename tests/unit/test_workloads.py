@@ -1,5 +1,4 @@
 import math
-import time
 
 import numpy as np
 import pytest
@@ -147,12 +146,10 @@ def test_unknown_workload_and_knob_errors_list_the_valid_ones():
         make_workload("paper", qps=0, duration=1, seed=0)
 
 
-def test_generation_is_fast():
-    start = time.perf_counter()
+def test_generation_at_scale_has_the_offered_count():
+    # its speed is a benchmark figure (bench/sim_speed.py prints the generation time), not a test
     w = make_workload("paper", qps=1000, duration=100, seed=0)
-    elapsed = time.perf_counter() - start
     assert len(w.requests) == pytest.approx(100_000, rel=0.02)
-    assert elapsed < 2.0
 
 
 def test_flagship_draws_the_whole_population_behind_one_shared_prefix():
