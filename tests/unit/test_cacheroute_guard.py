@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +11,7 @@ from hypothesis import strategies as st
 from services.core.policies import make_policy
 from services.core.policies._common import Ring
 from services.core.policies.cacheroute import BALANCE_FACTOR
-from services.core.policy import ClusterState, Reason
+from services.core.policy import Reason
 from tests.unit.test_policies_rules import R, make_plan, request, state_with
 
 
@@ -100,12 +99,3 @@ def test_every_pick_is_healthy_and_planned_picks_respect_the_bound(load, healthy
     if any(healthy[m] for m in members):           # (no healthy member: P2C fallback, unbounded)
         assert load[pick.replica] + 1 <= bound(c, load, healthy, floor)
         assert (pick.reason is Reason.PLANNED) == (pick.replica in members)
-
-
-def _plan30(keys, rng):
-    from services.core.plan import Plan
-
-    return Plan(version=1, parent_version=0, created_at=0.0, replica_ids=tuple(f"r{i}" for i in range(30)),
-                q_cap=10.0, warm_slots=8, table={k: (rng.randrange(30),) for k in keys},
-                rates={k: 1.0 for k in keys}, expected_load=(1.0,) * 30, predicted_imbalance=1.0,
-                total_keys=len(keys), admitted_keys=len(keys), admitted_rate_share=1.0)
