@@ -184,14 +184,23 @@ class Child:
         return bool(self.address and (self.http_url or not self.expect_http))
 
 
+def _log_record(line: bytes) -> Any:
+    """The JSON record in one log line, or None. A child's native code (llama.cpp) writes to the
+    same stream without a newline of its own, so its text may precede the record on the line."""
+    start = line.find(b'{"')
+    if start < 0:
+        return None
+    try:
+        return orjson.loads(line[start:])
+    except orjson.JSONDecodeError:
+        return None
+
+
 def parse_serving_line(line: bytes) -> dict[str, Any] | None:
     """The fields of services.rpc's "serving" JSON log line, or None for any other line."""
     if b'"serving"' not in line:
         return None
-    try:
-        doc = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
+    doc = _log_record(line)
     if isinstance(doc, dict) and doc.get("msg") == "serving" and isinstance(doc.get("address"), str):
         return doc
     return None
@@ -201,10 +210,7 @@ def parse_http_line(line: bytes) -> str | None:
     """The URL of services.httpserver's "http serving" log line, or None for any other line."""
     if b'"http serving"' not in line:
         return None
-    try:
-        doc = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
+    doc = _log_record(line)
     if isinstance(doc, dict) and doc.get("msg") == "http serving" and isinstance(doc.get("url"), str):
         return doc["url"]
     return None

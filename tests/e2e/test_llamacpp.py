@@ -39,7 +39,7 @@ from services.model import parse_replicas
 from services.engine.llamacpp import smollm2_gguf
 from services.oai import chat_text
 from services.rpc import ServerConfig
-from services.stack import _launcher
+from services.stack import _launcher, parse_http_line
 
 # CPU-bound: ~13 cold prefills of ~500 tokens on one thread per replica. 248-292 s on the shared
 # development VM at load average 10-15 (over 420 s at 19); issue 11 measured an 847-token cold prefill
@@ -90,8 +90,7 @@ def start_replicas(model: str, log_dir: Path, n: int = 2) -> tuple[list[subproce
     while None in urls and time.monotonic() < deadline:
         for i, log in enumerate(logs):
             for line in log.read_bytes().splitlines():
-                if b'"http serving"' in line:
-                    urls[i] = json.loads(line)["url"]
+                urls[i] = parse_http_line(line) or urls[i]
             assert procs[i].poll() is None, log.read_text()[-2000:]
         time.sleep(0.1)
     assert None not in urls, "llama.cpp replicas did not start"

@@ -9,7 +9,7 @@ import pytest
 from clients.loadgen import Outcome, relabel, summarize, window
 from services.core.request import Request
 from services.core.workloads import make_workload
-from services.stack import StackConfig, parse_serving_line
+from services.stack import StackConfig, parse_http_line, parse_serving_line
 
 
 def test_relabel_keeps_the_shape_and_shares_nothing():
@@ -70,3 +70,10 @@ def test_serving_line_is_recognised_and_nothing_else():
 def test_stack_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         StackConfig(**kwargs)
+
+
+def test_serving_lines_after_a_childs_native_log_text_are_recognised():
+    # llama.cpp's own logger writes to the same stream without ending its line (seen in CI)
+    assert parse_serving_line(b'0.00.891.039 I {"msg":"serving","address":"127.0.0.1:1"}')["address"] == "127.0.0.1:1"
+    assert parse_http_line(b'0.00.891.039 I {"msg":"http serving","url":"http://127.0.0.1:2"}') == "http://127.0.0.1:2"
+    assert parse_http_line(b'0.00.891.039 I {"msg":"http serving"') is None
