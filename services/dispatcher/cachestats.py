@@ -21,15 +21,14 @@ deadline; a batch the collector does not take is dropped and counted (aggregates
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import uuid
 from typing import Sequence
 
 import grpc
 
-from cacheroute.v1 import collector_pb2, collector_pb2_grpc
-from services.rpc import TLSFiles, aio_channel, bearer_metadata, every, kv, stop_tasks
+from cacheroute.v1 import collector_pb2
+from services.collector.sender import PeriodicSender
+from services.rpc import TLSFiles, kv
 
 log = logging.getLogger("cacheroute.dispatcher.cachestats")
 
@@ -78,50 +77,29 @@ class CacheUsage:
         return out
 
 
-class CacheStatsSender:
+class CacheStatsSender(PeriodicSender):
     """Sends `CacheUsage.take()` to the collector every `interval` seconds."""
+
+    task_name = "cache-usage"
 
     def __init__(self, usage: CacheUsage, collector: str, source: str, *, interval: float = 1.0,
                  timeout: float = 2.0, tls: TLSFiles | None = None, token: str | None = None) -> None:
+        super().__init__(collector, interval=interval, timeout=timeout, tls=tls, token=token)
         self.usage = usage
-        self.collector = collector
         self.source = source
-        self.interval = interval
-        self.timeout = timeout
         self.sent_batches = 0
         self.dropped_batches = 0
-        self._tls = tls
-        self._metadata = bearer_metadata(token)
-        self._boot = uuid.uuid4().hex[:12]
-        self._seq = 0
-        self._channel: grpc.aio.Channel | None = None
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._channel = aio_channel(self.collector, self._tls)
-        self._task = asyncio.get_running_loop().create_task(every(self.interval, self.flush), name="cache-usage")
-
-    async def stop(self) -> None:
-        await stop_tasks([self._task])
-        self._task = None
-        if self._channel is not None:
-            await self.flush()
-            await self._channel.close()
-            self._channel = None
 
     async def flush(self) -> bool:
         rows = self.usage.take()
         if not rows:
             return True
-        self._seq += 1
         batch = collector_pb2.CacheStatsBatch(
-            batch_id=f"{self.source}-cache-{self._boot}-{self._seq}", source=self.source,
+            batch_id=self.next_batch_id(f"{self.source}-cache"), source=self.source,
             stats=[collector_pb2.CacheStat(replica_id=rid, requests=req, prompt_tokens=p, cached_tokens=c)
                    for rid, req, p, c in rows])
-        assert self._channel is not None
         try:
-            await collector_pb2_grpc.CollectorStub(self._channel).ReportCacheStats(
-                iter([batch]), timeout=self.timeout, metadata=self._metadata)
+            await self.stub.ReportCacheStats(iter([batch]), timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as err:
             self.dropped_batches += 1
             log.warning("cache stats dropped", extra=kv(collector=self.collector, code=err.code().name))

@@ -11,57 +11,35 @@ down or slow the drained arrivals are dropped and counted; routing never waits o
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import uuid
 
 import grpc
 
-from cacheroute.v1 import collector_pb2, collector_pb2_grpc
+from cacheroute.v1 import collector_pb2
 from services.dispatcher.router import Router
-from services.rpc import TLSFiles, aio_channel, bearer_metadata, every, kv, stop_tasks
+from services.collector.sender import PeriodicSender
+from services.rpc import TLSFiles, kv
 
 log = logging.getLogger("cacheroute.dispatcher.telemetry")
 
 
-class ArrivalReporter:
+class ArrivalReporter(PeriodicSender):
+    task_name = "arrival-reporter"
+
     def __init__(self, router: Router, collector: str, source: str, *, interval: float = 0.5,
                  batch_size: int = 5000, timeout: float = 2.0, tls: TLSFiles | None = None,
                  token: str | None = None) -> None:
+        super().__init__(collector, interval=interval, timeout=timeout, tls=tls, token=token)
         self.router = router
-        self.collector = collector
         self.source = source
-        self.interval = interval
         self.batch_size = batch_size
-        self.timeout = timeout
         self.sent_arrivals = 0
         self.sent_batches = 0
-        self._tls = tls
-        self._metadata = bearer_metadata(token)
-        self._boot = uuid.uuid4().hex[:12]
-        self._seq = 0
-        self._channel: grpc.aio.Channel | None = None
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._channel = aio_channel(self.collector, self._tls)
-        self._task = asyncio.get_running_loop().create_task(every(self.interval, self.flush),
-                                                            name="arrival-reporter")
-
-    async def stop(self, flush: bool = True) -> None:
-        await stop_tasks([self._task])
-        self._task = None
-        if flush and self._channel is not None:
-            await self.flush()
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
 
     def _batches(self, arrivals: list[tuple[str, float, int, int]]) -> list[collector_pb2.ArrivalBatch]:
         out = []
         for start in range(0, len(arrivals), self.batch_size):
-            self._seq += 1
-            batch = collector_pb2.ArrivalBatch(batch_id=f"{self.source}-{self._boot}-{self._seq}", source=self.source)
+            batch = collector_pb2.ArrivalBatch(batch_id=self.next_batch_id(self.source), source=self.source)
             batch.arrivals.extend(
                 collector_pb2.Arrival(key=a[0], time=a[1], prompt_tokens=a[2], prefix_tokens=a[3],
                                       prefix_nodes=a[4] if len(a) > 4 else ())
@@ -75,10 +53,8 @@ class ArrivalReporter:
         if not arrivals:
             return True
         batches = self._batches(arrivals)
-        assert self._channel is not None
-        stub = collector_pb2_grpc.CollectorStub(self._channel)
         try:
-            await stub.ReportArrivals(iter(batches), timeout=self.timeout, metadata=self._metadata)
+            await self.stub.ReportArrivals(iter(batches), timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as err:
             self.router.telemetry_dropped += len(arrivals)
             log.warning("arrivals dropped", extra=kv(collector=self.collector, code=err.code().name,

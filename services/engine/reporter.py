@@ -10,16 +10,15 @@ aggregates, so a lost delta only costs the planner a little precision.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import uuid
 from dataclasses import dataclass
 
 import grpc
 
-from cacheroute.v1 import collector_pb2, collector_pb2_grpc
+from cacheroute.v1 import collector_pb2
 from services.core.engine import EngineModel
-from services.rpc import TLSFiles, aio_channel, bearer_metadata, every, kv, stop_tasks
+from services.collector.sender import PeriodicSender
+from services.rpc import TLSFiles, kv
 
 log = logging.getLogger("cacheroute.engine.reporter")
 
@@ -39,52 +38,32 @@ class Counters:
                         self.cached_tokens - other.cached_tokens)
 
 
-class CacheStatsReporter:
+class CacheStatsReporter(PeriodicSender):
+    task_name = "cache-stats-reporter"
+    flush_on_stop = False
+
     def __init__(self, model: EngineModel, replica_id: str, collector: str, *, interval: float = 1.0,
                  timeout: float = 2.0, tls: TLSFiles | None = None, token: str | None = None) -> None:
+        super().__init__(collector, interval=interval, timeout=timeout, tls=tls, token=token)
         self.model = model
         self.replica_id = replica_id
-        self.collector = collector
-        self.interval = interval
-        self.timeout = timeout
         self.sent_batches = 0
         self.dropped_batches = 0
-        self._tls = tls
-        self._metadata = bearer_metadata(token)
-        self._boot = uuid.uuid4().hex[:12]
-        self._seq = 0
         self._last = Counters.of(model)
-        self._task: asyncio.Task | None = None
-        self._channel: grpc.aio.Channel | None = None
 
-    def start(self) -> None:
-        self._channel = aio_channel(self.collector, self._tls)
-        self._task = asyncio.get_running_loop().create_task(every(self.interval, self.report_once),
-                                                            name="cache-stats-reporter")
-
-    async def stop(self) -> None:
-        await stop_tasks([self._task])
-        self._task = None
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-
-    async def report_once(self) -> bool:
+    async def flush(self) -> bool:
         """Send the delta since the last report (if any). True if the collector took it."""
         now = Counters.of(self.model)
         delta = now.minus(self._last)
         if delta.requests == 0:
             return True
         self._last = now
-        self._seq += 1
         batch = collector_pb2.CacheStatsBatch(
-            batch_id=f"{self.replica_id}-{self._boot}-{self._seq}", source=self.replica_id,
+            batch_id=self.next_batch_id(self.replica_id), source=self.replica_id,
             stats=[collector_pb2.CacheStat(replica_id=self.replica_id, prompt_tokens=delta.prompt_tokens,
                                            cached_tokens=delta.cached_tokens, requests=delta.requests)])
-        assert self._channel is not None
-        stub = collector_pb2_grpc.CollectorStub(self._channel)
         try:
-            await stub.ReportCacheStats(iter([batch]), timeout=self.timeout, metadata=self._metadata)
+            await self.stub.ReportCacheStats(iter([batch]), timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as err:
             self.dropped_batches += 1
             log.warning("cache stats dropped", extra=kv(collector=self.collector, code=err.code().name,
