@@ -122,6 +122,10 @@ COMPARE: dict[str, list[str]] = {
     # rows are flagship-k256's (same requests)
     "second-k256-w8": ["sim", "compare", "--workload", "paper", "--active-set", "256", "--policies", "cacheroute",
                        "--warm-slots", "8", "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    # the same with a tighter budget, R x W = 120 (less than half of the 256 keys)
+    "second-k256-w4": ["sim", "compare", "--workload", "paper", "--active-set", "256", "--policies", "cacheroute",
+                       "--warm-slots", "4", "--qps-grid", "20,50,100,150,200,250,275,300", "--slo-p99", "3.5",
+                       "--q-cap", "11.125", *SYNTH],
 }
 # CacheRoute with the planner service's own plan lifecycle (incremental candidate + keep-or-switch
 # rule) instead of the simulator's default fresh LPT plan every interval; same settings as above
