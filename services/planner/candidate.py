@@ -5,7 +5,10 @@
 
 1. build: churn-aware from the active plan (`replan_incremental`) when asked, else LPT from
    scratch with the active plan as parent. Building comes first, so input the core refuses
-   (a ValueError: INVALID_ARGUMENT) does not use up a version number;
+   (a ValueError: INVALID_ARGUMENT) does not use up a version number. With `grow_in_dwell`
+   (the control loop), a churn-aware build inside the switching rule's dwell makes no
+   rebalancing moves (unless the replica set changed, which the rule takes anyway), so the candidate only grows the active plan and the rule may take it
+   before the dwell ends (services.core.switching, "Growth within the dwell");
 2. check (optional): refusals the caller can tell from the control state read before the
    build (BuildPlan: the CAS and pin its activation would meet), also before a version is used;
 3. version: the store's next version number;
@@ -114,10 +117,15 @@ class Proposal(Generic[T]):
 async def propose(store: Store, inputs: BuildInputs, *, now: float, incremental: bool,
                   max_moves: int | None, switching: SwitchConfig | None, activate: ActivateStep[T],
                   check: CheckStep | None = None, review: ReviewStep | None = None,
-                  prefix: bool = False) -> Proposal[T]:
+                  prefix: bool = False, grow_in_dwell: bool = False) -> Proposal[T]:
     """Build, [check], version, decide, [review], store and activate one candidate (module header)."""
     state, active = await store.get_active_plan()
     last = await store.history(1)
+    last_switch_at = last[0].at if last else 0.0
+    if (grow_in_dwell and incremental and active is not None
+            and set(active.replica_ids) == set(inputs.replica_ids)     # else the rule switches anyway
+            and now - last_switch_at < (switching or SwitchConfig()).min_dwell_seconds):
+        max_moves = 0
     started = time.perf_counter()
     plan = await asyncio.to_thread(build_candidate, inputs, active, version=0, created_at=now,
                                    incremental=incremental, max_moves=max_moves, prefix=prefix)
@@ -127,7 +135,7 @@ async def propose(store: Store, inputs: BuildInputs, *, now: float, incremental:
     plan = dataclasses.replace(plan, version=await store.next_version())
     started = time.perf_counter()
     decision = await asyncio.to_thread(decide, active, plan, inputs, now=now,
-                                       last_switch_at=last[0].at if last else 0.0, config=switching)
+                                       last_switch_at=last_switch_at, config=switching)
     built += time.perf_counter() - started
     plan = dataclasses.replace(plan, decision=decision)
     verdict = None

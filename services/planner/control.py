@@ -250,7 +250,7 @@ class ControlLoop:
 
         done = await propose(store, inputs, now=now, incremental=cfg.incremental, max_moves=cfg.max_moves,
                              switching=cfg.switching, activate=activate, prefix=cfg.prefix,
-                             review=gate if self.gate is not None else None)
+                             review=gate if self.gate is not None else None, grow_in_dwell=True)
         plan, outcome = done.plan, done.outcome
         self.counters.built(plan, done.build_seconds)
         self._hit_rates = {k: plan.extra[k] for k in ("available_hit_rate", "achieved_hit_rate") if k in plan.extra}
