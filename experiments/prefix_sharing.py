@@ -14,8 +14,9 @@ from collections import defaultdict
 
 import orjson
 
-DEFAULT = ("/work/shared/data/mooncake/conversation_trace.first_half.jsonl",
-           "/work/shared/data/mooncake/synthetic_trace.jsonl")
+from experiments.run import MOONCAKE
+
+DEFAULT = (f"{MOONCAKE}/conversation_trace.first_half.jsonl", f"{MOONCAKE}/synthetic_trace.jsonl")
 
 
 def sharing(path: str, key_ids: int = 2) -> dict:

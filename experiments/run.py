@@ -31,7 +31,17 @@ import orjson
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(ROOT, "results")
-MOONCAKE = "/work/shared/data/mooncake"
+
+
+def shared_data(environ=os.environ) -> str:
+    """The shared data folder: $CACHEROUTE_DATA, else `shared/data` beside the repository
+    checkout (../shared/data from its root), as tests/unit/test_traces.py finds it."""
+    return environ.get("CACHEROUTE_DATA") or os.path.normpath(os.path.join(ROOT, os.pardir, os.pardir,
+                                                                           "shared", "data"))
+
+
+MOONCAKE = os.path.join(shared_data(), "mooncake")
+AZURE = os.path.join(shared_data(), "azure-llm-2023", "AzureLLMInferenceTrace_conv.csv")
 
 ALL_POLICIES = "flat,sticky,chwbl,sglang,llmd,dynamo,preble,dualmap,cacheroute"
 TRACE_POLICIES = ALL_POLICIES + ",cacheroute-prefix"     # the traces also run the prefix-aware plans
@@ -41,6 +51,9 @@ FLAGSHIP_GRID = "20,50,100,150,200,250,300"
 FULL_GRID = "25,50,75,100,150,200"        # the full-population flagship (heavier prompts)
 HISTORY = "1800"                          # seconds of aggregated per-key rate history (flagship-history)
 TRACE_GRID = "4,8,12,16,20,24,32"
+BURST_GRID = "20,50,75,100,125,150,175,200,225,250,275,300"
+BURST = ["--workload", "paper", "--policies", "flat,sglang,cacheroute", "--qps-grid", BURST_GRID, "--q-cap", "10.75",
+         "--slo-p99", "3.5", *SYNTH]
 
 COMPARE: dict[str, list[str]] = {
     # the paper's flagship (section 5.1): the full 128,824-key population, prompt structure
@@ -71,10 +84,14 @@ COMPARE: dict[str, list[str]] = {
                   "--qps-grid", "20,40,60,80,100,120,160", "--slo-p99", "3.5", *SYNTH],
     "burst": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--policies", "flat,cacheroute",
               "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
-    # (d) with bursts correlated over seconds: a two-state MMPP with the same gap CV (1.9), mean
-    # dwell 10 s per state (below the 30 s control interval, far above a gap)
-    "burst-mmpp": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--knob", "burst_dwell=10",
-                   "--policies", "flat,cacheroute", "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
+    # (d) on one finer grid, three arrival models of the same K = 128 workload (seed 0)
+    # (q_cap fixed at flagship-k128's 10.75): Poisson; bursts correlated over seconds (a two-state
+    # MMPP with the gamma run's gap CV 1.9, mean dwell 10 s per state: below the 30 s control
+    # interval, far above a gap); the Azure LLM 2023 conversation trace's real arrival times,
+    # looped and time-scaled to the offered QPS (`--arrivals`, services.core.traces.replay_arrivals)
+    "burst-poisson": ["sim", "compare", *BURST],
+    "burst-mmpp": ["sim", "compare", *BURST, "--cv", "1.9", "--knob", "burst_dwell=10"],
+    "burst-azure": ["sim", "compare", *BURST, "--arrivals", AZURE],
     # the same at the two Poisson capacities only (flat 100, cacheroute 250; q_cap as flagship-k128),
     # sized for the shared machine: does each still pass under correlated bursts?
     "burst-mmpp-knees": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--knob", "burst_dwell=10",

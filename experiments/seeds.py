@@ -1,13 +1,15 @@
 """Headline tables over 3 seeds: mean ± sd of capacity, hit rate and p99 (the paper reports 5).
 
-Seed 0 is the stored experiment (experiments/results/NAME/); seeds 1 and 2 re-run the same
-command with `--seed N` (workload draw and policy randomness both change) for the policies
-and grid points listed here, into experiments/results/seeds/NAME-sN/. Sized for a shared
-2-core machine: the strongest baselines and CacheRoute only, on the grid points that decide
-capacity; the rows and points left out are in SETS below.
+Every seed, 0 included, re-runs the stored experiment's command (COMPARE[base]) on the current
+code with `--seed N` (workload draw and policy randomness both change), for the policies and
+grid points listed in SETS, into experiments/results/seeds/NAME-sN/. q_cap is the value the
+stored seed-0 sweep calibrated, fixed for every seed (calibrated once, never per seed or policy).
+The grids start at the first point that decides a capacity in the stored seed-0 results; a
+capacity counts every point below the grid as passing (true at seed 0, not re-checked for
+seeds 1 and 2).
 
-  .venv/bin/python -m experiments.seeds run NAME [NAME ...]     # seeds 1 and 2
-  .venv/bin/python -m experiments.seeds table                    # markdown, from stored results
+  .venv/bin/python -m experiments.seeds run [NAME ...]     # seeds 0, 1, 2 (skips runs already stored)
+  .venv/bin/python -m experiments.seeds table [NAME ...]   # markdown, from the stored runs
 """
 
 from __future__ import annotations
@@ -19,31 +21,43 @@ import sys
 
 from experiments.run import COMPARE, RESULTS, load, load_path
 
-# name -> (policies, grid, QPS at which hit and p99 are quoted)
+NINE = "flat,sticky,chwbl,sglang,llmd,dynamo,preble,dualmap,cacheroute"
+
+# name -> (stored experiment whose command is re-run, policies, grid, QPS at which hit and p99 are quoted)
 SETS = {
-    "flagship": ("flat,sglang,cacheroute", "200,250,300,400", 200.0),
-    "flagship-k256": ("sglang,dualmap,cacheroute", "200,250,300", 200.0),
-    "ablation": ("flat,cacheroute", "240,420,500", 240.0),
+    "flagship": ("flagship", NINE, "200,225,250,275,300", 200.0),
+    "flagship-history": ("flagship-history", "cacheroute", "200,225,250,275,300", 200.0),
+    "flagship-k256": ("flagship-k256", NINE, "20,50,100,150,200,250,275,300", 200.0),
+    "second-k256-w8": ("second-k256-w8", "cacheroute", "20,50,100,150,200,250,275,300", 200.0),
+    "ablation": ("ablation", "flat,affinity,affinity-replication,cacheroute",
+                 "60,120,180,240,300,360,420,500", 240.0),
 }
-SEEDS = (1, 2)
+SEEDS = (0, 1, 2)
+
+
+def out_dir(name: str, seed: int) -> str:
+    return os.path.join(RESULTS, "seeds", f"{name}-s{seed}")
+
+
+def command(name: str, seed: int) -> list[str]:
+    base, policies, grid, _ = SETS[name]
+    argv = list(COMPARE[base])
+    argv[argv.index("--policies") + 1] = policies
+    argv[argv.index("--qps-grid") + 1] = grid
+    q_cap = _seed0_q_cap(base)          # calibrated once, on the stored seed 0; every seed uses it
+    if q_cap is not None and "--q-cap" not in argv:
+        argv += ["--q-cap", f"{q_cap:g}"]
+    return [*argv, "--seed", str(seed), "--out", os.path.relpath(out_dir(name, seed))]
 
 
 def run(names: list[str]) -> int:
     from clients.cli import main as cli
 
     for name in names:
-        policies, grid, _ = SETS[name]
         for seed in SEEDS:
-            out = os.path.join(RESULTS, "seeds", f"{name}-s{seed}")
-            if os.path.exists(os.path.join(out, "results.json")):
+            if os.path.exists(os.path.join(out_dir(name, seed), "results.json")):
                 continue
-            argv = list(COMPARE[name])
-            argv[argv.index("--policies") + 1] = policies
-            argv[argv.index("--qps-grid") + 1] = grid
-            q_cap = _seed0_q_cap(name)          # calibrated once, on seed 0; every seed uses it
-            if q_cap is not None and "--q-cap" not in argv:
-                argv += ["--q-cap", f"{q_cap:g}"]
-            rc = cli([*argv, "--seed", str(seed), "--out", os.path.relpath(out)])
+            rc = cli(command(name, seed))
             if rc:
                 return rc
     return 0
@@ -66,8 +80,9 @@ def _stats(values: list[float]) -> str:
     return f"{mean:.2f} ± {sd:.2f}" if mean < 10 else f"{mean:.0f} ± {sd:.0f}"
 
 
-def _capacity(report: dict, grid: list[float], slo: float) -> float:
-    """Highest grid QPS passing with every lower grid point passing (the same grid for every seed)."""
+def capacity(report: dict, grid: list[float], slo: float) -> float:
+    """Highest grid QPS passing with every lower grid point passing (the same grid for every seed);
+    0 if the first grid point fails."""
     by_q = {p["offered_qps"]: p for p in report["points"]}
     cap = 0.0
     for q in grid:
@@ -79,27 +94,27 @@ def _capacity(report: dict, grid: list[float], slo: float) -> float:
     return cap
 
 
-def table() -> str:
+def table(names: list[str]) -> str:
     lines = []
-    for name, (policies, grid_s, at) in SETS.items():
+    for name in names:
+        _, policies, grid_s, at = SETS[name]
         grid = [float(q) for q in grid_s.split(",")]
-        runs = [load(name)] + [load_path(os.path.join(RESULTS, "seeds", f"{name}-s{s}", "results.json"))
-                               for s in SEEDS]
+        runs = [load_path(os.path.join(out_dir(name, s), "results.json")) for s in SEEDS]
         have = [r for r in runs if r]
         lines += [f"**{name}** ({len(have)} seeds; grid {grid_s}; hit and p99 at {at:g} QPS)", "",
-                  "| policy | capacity (QPS) | hit rate | p99 TTFT s | per seed capacity |", "|---|---|---|---|---|"]
+                  "| policy | capacity (QPS) | hit rate | p99 TTFT s | capacity per seed |", "|---|---|---|---|---|"]
         for policy in policies.split(","):
             caps, hits, p99s = [], [], []
             for r in have:
                 row = r.get(policy)
                 if row is None:
                     continue
-                caps.append(_capacity(row, grid, row["slo_p99"]))
+                caps.append(capacity(row, grid, row["slo_p99"]))
                 p = next((p for p in row["points"] if p["offered_qps"] == at), None)
                 if p is not None:
                     hits.append(100 * p["hit_rate"])
                     p99s.append(math.inf if p["ttft_p99"] is None else p["ttft_p99"])
-            cap_txt = _stats(caps) + (" (>= top of grid)" if caps and min(caps) == grid[-1] else "")
+            cap_txt = _stats(caps) + (" (≥ top of grid)" if caps and min(caps) == grid[-1] else "")
             lines.append(f"| {policy} | {cap_txt} | {_stats(hits)}% | {_stats(p99s)} | "
                          f"{', '.join(f'{c:g}' for c in caps)} |")
         lines.append("")
@@ -108,11 +123,16 @@ def table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="experiments.seeds")
-    ap.add_argument("what", choices=("run", "table"))
+    ap.add_argument("what", choices=("run", "table", "print"))
     ap.add_argument("names", nargs="*", default=list(SETS))
     args = ap.parse_args(argv)
     if args.what == "table":
-        sys.stdout.write(table())
+        sys.stdout.write(table(args.names))
+        return 0
+    if args.what == "print":
+        for name in args.names:
+            for seed in SEEDS:
+                print("cacheroute " + " ".join(command(name, seed)))
         return 0
     return run(args.names)
 

@@ -227,6 +227,31 @@ def ideal_hit_rate(requests: Sequence[Request]) -> float:
     return window_hit_bound(requests)
 
 
+def azure_arrivals(lines: Iterable[str], path: str) -> list[float]:
+    """An Azure LLM inference CSV's arrival times only: seconds from its first record, sorted."""
+    return sorted(t for t, _, _ in _azure_rows(lines, path, None))
+
+
+def replay_arrivals(stamps: Sequence[float], qps: float, duration: float) -> np.ndarray:
+    """A recorded arrival pattern at mean rate `qps` on [0, duration): the first
+    n = round(qps * duration) recorded arrivals (the record looped end to end if it holds fewer,
+    with period = its span + one mean gap), time-scaled so that arrival n + 1 would fall at
+    `duration`; exactly n arrivals. Gap CV and the shape of the record's rate changes are kept;
+    their time scale shrinks by the same factor as the gaps (record rate / qps)."""
+    if qps <= 0 or duration <= 0:
+        raise ValueError("qps and duration must be positive")
+    t = np.sort(np.asarray(stamps, dtype=float))
+    if len(t) < 2 or t[-1] <= t[0]:
+        raise ValueError("a replayed arrival record needs two or more distinct times")
+    t -= t[0]
+    n = max(1, round(qps * duration))
+    period = t[-1] * len(t) / (len(t) - 1)
+    reps = -(-(n + 1) // len(t))
+    looped = (t[None, :] + period * np.arange(reps)[:, None]).ravel()[:n + 1]
+    times = looped[:n] * (duration / looped[n])
+    return times[times < duration]
+
+
 def _arrivals(times: list[float], qps: float | None, path: str) -> list[float]:
     """Seconds from the earliest request, in record order; rescaled to mean rate `qps` if
     given."""

@@ -33,7 +33,10 @@ Variants:
              state, each held for an exponential time of mean D seconds, rates r:1 with
              r = mmpp_ratio(cv) (cv 1.9: r = 7.08, i.e. 1.75x and 0.25x the mean), so the gap
              CV is `cv` but bursts are correlated over seconds and every replica sees them at
-             once, where i.i.d. gamma gaps thin to near-Poisson per replica.
+             once, where i.i.d. gamma gaps thin to near-Poisson per replica. With
+             `arrivals=[t, ...]` (seconds, e.g. a real trace's times scaled to the offered
+             rate by traces.replay_arrivals) those times are used as given instead (not with
+             cv or burst_dwell); the knob is recorded as its count of arrivals.
   whale      paper plus `whales` extra keys (default 4) that together carry
              `whale_share` (default 0.35) of the traffic. At the 8B ablation's 240 QPS
              each whale runs at 21 req/s, above a per-replica q_cap (500 QPS / 30 ~ 17),
@@ -172,9 +175,10 @@ def make_workload(name: str, *, qps: float, duration: float, seed: int, **knobs:
 
 # ---------------------------------------------------------------- variants
 
-def _paper(qps, duration, seed, *, active_set=128, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA, burst_dwell=None):
+def _paper(qps, duration, seed, *, active_set=128, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA, burst_dwell=None,
+           arrivals=None):
     return _keyed("paper", PAPER_PREFIX, PAPER_SUFFIX, qps, duration, seed, active_set, cv, keys, sigma,
-                  burst_dwell)
+                  burst_dwell, arrivals)
 
 
 def _low_reuse(qps, duration, seed, *, active_set=128, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA):
@@ -182,7 +186,7 @@ def _low_reuse(qps, duration, seed, *, active_set=128, cv=1.0, keys=PAPER_KEYS, 
                   cv, keys, sigma)
 
 
-def _keyed(name, prefix, suffix, qps, duration, seed, active_set, cv, keys, sigma, burst_dwell=None):
+def _keyed(name, prefix, suffix, qps, duration, seed, active_set, cv, keys, sigma, burst_dwell=None, arrivals=None):
     rng = np.random.default_rng(seed)
     population = lognormal_shares(keys, sigma)
     active = _active_count(active_set, keys)
@@ -191,8 +195,10 @@ def _keyed(name, prefix, suffix, qps, duration, seed, active_set, cv, keys, sigm
     knobs = {"active_set": active, "cv": cv, "keys": keys, "sigma": sigma}
     if burst_dwell is not None:
         knobs["burst_dwell"] = burst_dwell
+    if arrivals is not None:
+        knobs["arrivals"] = len(arrivals)
     return _stationary(name, qps, duration, seed, rng, names, shares, cv, prefix, suffix,
-                       knobs=knobs, population=population, burst_dwell=burst_dwell)
+                       knobs=knobs, population=population, burst_dwell=burst_dwell, replay=arrivals)
 
 
 # flagship prompt structure, calibrated once (docs/experiments.md, "Flagship calibration")
@@ -202,7 +208,8 @@ FLAGSHIP_CONTEXT_SIGMA = 0.5
 
 
 def _flagship(qps, duration, seed, *, shared_tokens=FLAGSHIP_SHARED_TOKENS, context_median=FLAGSHIP_CONTEXT_MEDIAN,
-              context_sigma=FLAGSHIP_CONTEXT_SIGMA, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA, burst_dwell=None):
+              context_sigma=FLAGSHIP_CONTEXT_SIGMA, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA, burst_dwell=None,
+              arrivals=None):
     """The full population: every key can send traffic; prompt = one prefix shared by every key
     + the key's own context + a unique suffix (module header)."""
     if shared_tokens < 0 or context_median < BLOCK_TOKENS:
@@ -211,7 +218,7 @@ def _flagship(qps, duration, seed, *, shared_tokens=FLAGSHIP_SHARED_TOKENS, cont
     population = lognormal_shares(keys, sigma)
     shared = block_hashes("flagship", "*shared*", int(shared_tokens) // BLOCK_TOKENS)
     context = _flagship_contexts(rng, keys, context_median, context_sigma)
-    arrivals = arrival_times(rng, qps, duration, cv, burst_dwell)
+    replay, arrivals = arrivals, arrival_times(rng, qps, duration, cv, burst_dwell, arrivals)
     key_idx = _draw(rng, population, len(arrivals))
     n = len(arrivals)
     suffix = PAPER_SUFFIX.sample(rng, n).tolist()
@@ -231,6 +238,8 @@ def _flagship(qps, duration, seed, *, shared_tokens=FLAGSHIP_SHARED_TOKENS, cont
     rates = {f"k{k:06d}": float(qps * population[k]) for k in chains}
     knobs = {"shared_tokens": int(shared_tokens) // BLOCK_TOKENS * BLOCK_TOKENS, "context_median": context_median,
              "context_sigma": context_sigma, "cv": cv, "keys": keys, "sigma": sigma, "active_set": keys}
+    if replay is not None:
+        knobs["arrivals"] = len(replay)
     return Workload("flagship", qps, duration, seed, requests, names, prefix, rates, (RateEpoch(0.0, rates),),
                     knobs, population)
 
@@ -342,12 +351,20 @@ def gini(shares: np.ndarray) -> float:
 
 
 def arrival_times(rng: np.random.Generator, qps: float, duration: float, cv: float = 1.0,
-                  burst_dwell: float | None = None) -> np.ndarray:
+                  burst_dwell: float | None = None, replay=None) -> np.ndarray:
     """Arrivals on [0, duration). Renewal: exponential gaps (cv=1) or gamma gaps with that CV.
     With `burst_dwell` (seconds): a two-state Markov-modulated Poisson process (module header)
-    whose gap CV is `cv`, bursts lasting `burst_dwell` on average."""
+    whose gap CV is `cv`, bursts lasting `burst_dwell` on average. With `replay` (seconds):
+    those times, sorted, as given (no draw)."""
     if cv <= 0:
         raise ValueError("cv must be positive")
+    if replay is not None:
+        if cv != 1.0 or burst_dwell is not None:
+            raise ValueError("replayed arrivals take no cv or burst_dwell")
+        times = np.sort(np.asarray(replay, dtype=float))
+        if len(times) and times[0] < 0:
+            raise ValueError("replayed arrivals must be >= 0")
+        return times[times < duration]
     if burst_dwell is not None:
         return _mmpp_times(rng, qps, duration, cv, burst_dwell)
     shape = 1.0 / (cv * cv)
@@ -400,9 +417,9 @@ def block_hashes(namespace: str, key: str, blocks: int) -> tuple[int, ...]:
 
 
 def _stationary(name, qps, duration, seed, rng, names, shares, cv, prefix_dist, suffix_dist,
-                *, knobs, population, burst_dwell=None):
+                *, knobs, population, burst_dwell=None, replay=None):
     prefix = dict(zip(names, _block_align(prefix_dist.sample(rng, len(names))).tolist()))
-    arrivals = arrival_times(rng, qps, duration, cv, burst_dwell)
+    arrivals = arrival_times(rng, qps, duration, cv, burst_dwell, replay)
     key_idx = _draw(rng, shares, len(arrivals))
     rates = dict(zip(names, (qps * shares).tolist()))
     return _assemble(name, qps, duration, seed, rng, names, prefix, arrivals, key_idx,

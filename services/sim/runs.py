@@ -35,6 +35,7 @@ class RunSpec:
     first_plan_at: float | None = None      # bootstrap plan time (SimConfig.first_plan_at)
     rate_horizon: float | None = None       # EWMA horizon of planned rates (SimConfig.rate_horizon)
     rate_history: float | None = None       # seconds of aggregated history known before t = 0
+    arrival_trace: str | None = None        # synthetic workloads: replay this Azure CSV's arrival times
 
 
 def load_requests(spec: RunSpec) -> list[Request]:
@@ -58,8 +59,12 @@ def load_requests(spec: RunSpec) -> list[Request]:
 
     if spec.qps is None or spec.duration is None:
         raise ValueError("a synthetic workload needs --qps and --duration")
-    return make_workload(spec.workload, qps=spec.qps, duration=spec.duration, seed=spec.seed,
-                         **spec.workload_knobs).requests
+    knobs = dict(spec.workload_knobs)
+    if spec.arrival_trace is not None:
+        from services.sim import tracefiles
+
+        knobs["arrivals"] = tracefiles.replayed_arrivals(spec.arrival_trace, qps=spec.qps, duration=spec.duration)
+    return make_workload(spec.workload, qps=spec.qps, duration=spec.duration, seed=spec.seed, **knobs).requests
 
 
 def check_names(policy: str | Iterable[str], profile: str) -> None:

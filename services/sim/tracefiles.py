@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import IO
 
-from services.core.traces import azure_workload, mooncake_workload
+from services.core.traces import azure_arrivals, azure_workload, mooncake_workload, replay_arrivals
 from services.core.workloads import Workload
 
 
@@ -23,6 +23,14 @@ def load_azure(path: str, *, qps: float | None = None, seed: int = 0, keys: int 
     with _open(path) as f:
         return azure_workload(f, path, qps=qps, seed=seed, keys=keys, sigma=sigma, prefix_share=prefix_share,
                               limit=limit)
+
+
+def replayed_arrivals(path: str, *, qps: float, duration: float) -> list[float]:
+    """An Azure CSV's recorded arrival times at mean rate `qps` on [0, duration)
+    (core.traces.replay_arrivals: looped if short, time-scaled)."""
+    with _open(path) as f:
+        stamps = azure_arrivals(f, path)
+    return replay_arrivals(stamps, qps, duration).tolist()
 
 
 def _open(path: str) -> IO[str]:

@@ -141,3 +141,17 @@ def test_ideal_window_hit_rate_counts_only_the_window():
     # window [1, 3): request 1 hits 4 blocks (capped at (80-1)//16 = 4) of 80 tokens, request 2 misses
     assert ideal_window_hit_rate(reqs, 1.0, 3.0) == pytest.approx(64 / 160)
     assert ideal_window_hit_rate(reqs, 0.0, 1.0) == 0.0
+
+
+def test_shared_data_is_found_beside_the_checkout_or_from_the_environment():
+    import os
+
+    from experiments import prefix_sharing
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(run.__file__)))
+    assert run.shared_data({}) == os.path.normpath(os.path.join(repo, "..", "shared", "data"))
+    assert run.shared_data({"CACHEROUTE_DATA": "/data/x"}) == "/data/x"
+    assert run.MOONCAKE == os.path.join(run.shared_data(), "mooncake")
+    assert all(p.startswith(run.MOONCAKE + "/") for p in prefix_sharing.DEFAULT)
+    traces = [a for argv in run.COMPARE.values() for a in argv if a.endswith(".jsonl")]
+    assert traces and all(t.startswith(run.MOONCAKE + "/") for t in traces)

@@ -43,6 +43,17 @@ def test_run_replays_and_rescales_a_trace(tmp_path, capsys):
     assert fast["qps"] == pytest.approx(4.0, rel=0.05)
 
 
+def test_run_replays_recorded_arrival_times_on_a_workload(tmp_path, capsys):
+    csv = tmp_path / "a.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{s:02d}.{(37 * s) % 100:02d}00000,100,10\n" for s in range(40)))
+    out = run_json(capsys, ["sim", "run", "--workload", "paper", "--policy", "flat", "--qps", "6", "--json",
+                            "--arrivals", str(csv), "--warmup", "0", *TINY])
+    assert out["requests"] == 120                           # exactly qps x duration, replayed
+    assert main(["sim", "run", "--workload", "paper", "--policy", "flat", "--qps", "6",
+                 "--arrivals", str(tmp_path / "none.csv"), *TINY]) == 2
+
+
 def test_capacity_reports_censoring(capsys):
     out = run_json(capsys, ["sim", "capacity", "--workload", "paper", "--policy", "flat", "--slo-p99", "100",
                             "--qps-grid", "2,4", "--json", *TINY])

@@ -2,6 +2,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from services.core.request import BLOCK_TOKENS
@@ -160,3 +161,42 @@ def test_real_traces_smoke():
     azure = load_azure(AZURE)
     assert len(azure.requests) == 19_366
     assert azure.requests[-1].arrival == pytest.approx(3500, rel=0.05)
+
+
+def test_replayed_arrivals_keep_the_records_shape_at_the_offered_rate(tmp_path):
+    from services.core.traces import replay_arrivals
+    from services.core.workloads import make_workload
+    from services.sim.tracefiles import replayed_arrivals
+
+    stamps = [0.0, 1.0, 1.5, 4.0]                       # span 4 s, period 4 + 4/3 s when looped
+    once = replay_arrivals(stamps, qps=1.0, duration=3.0)
+    assert once.tolist() == pytest.approx([0.0, 3.0 / 4.0, 3.0 / 4.0 * 1.5])    # arrival 4 lands at 3 s
+    looped = replay_arrivals(stamps, qps=2.0, duration=5.0)                     # 10 arrivals from 4
+    assert len(looped) == 10 and np.all(np.diff(looped) >= 0) and looped[-1] < 5.0
+    gaps = np.diff(looped)
+    assert gaps[4] == pytest.approx(gaps[0]) and gaps[3] == pytest.approx(gaps[0] * 4 / 3)   # the record repeats
+    with pytest.raises(ValueError):
+        replay_arrivals([1.0, 1.0], qps=1.0, duration=1.0)
+    path = tmp_path / "a.csv"
+    path.write_text(AZURE_CSV)
+    times = replayed_arrivals(str(path), qps=10.0, duration=2.0)
+    assert len(times) == 20
+    w = make_workload("paper", qps=10.0, duration=2.0, seed=0, arrivals=times)
+    assert [r.arrival for r in w.requests] == times and w.knobs["arrivals"] == 20
+    f = make_workload("flagship", qps=10.0, duration=2.0, seed=0, arrivals=times)
+    assert [r.arrival for r in f.requests] == times
+    with pytest.raises(ValueError, match="cv"):
+        make_workload("paper", qps=10.0, duration=2.0, seed=0, arrivals=times, cv=1.9)
+
+
+def test_real_azure_arrivals_replayed_keep_their_gap_cv():
+    from services.core.traces import azure_arrivals
+    from services.core.traces import replay_arrivals
+
+    with open(AZURE, encoding="utf-8", newline="") as f:
+        stamps = azure_arrivals(f, AZURE)
+    gaps = np.diff(stamps)
+    times = replay_arrivals(stamps, qps=250.0, duration=150.0)                 # looped: 37,500 of 19,366
+    assert len(times) == 37_500
+    replayed = np.diff(times)
+    assert replayed.std() / replayed.mean() == pytest.approx(gaps.std() / gaps.mean(), rel=0.05)
