@@ -11,6 +11,11 @@ churn-aware re-planner; this is ours.
      k_b shrank it keeps the least-loaded of them; dropped keys leave the table;
   3. fill: newly admitted keys, and the extra replicas of keys whose k_b grew or whose replicas
      disappeared, go to the least-loaded distinct replicas (admission order, ties lowest index);
+     with `homes` (key -> replica index), a newly admitted key's first replica is its home
+     when the home's load stays within the rebalancing limit below. The planner passes the
+     dispatchers' cold-tail ring home (`ring_homes`): a key the cold tail has served so far
+     has its prefix cached there, so admitting it there costs no re-warm (issue 12: every
+     tenant admitted after the first plan paid a second cold prefill on another replica);
   4. rebalance: while the most-loaded replica exceeds limit = mean load x the from-scratch LPT
      imbalance x (1 + tolerance), move one key share off it to the least-loaded replica the key
      does not use, never pushing that replica over the limit. Preferred move: one that clears
@@ -28,20 +33,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from services.core.plan import Plan
 from services.core.planning import admit, build_plan, check_inputs, exact_sum, imbalance, size_keys, with_churn
+from services.core.policies._common import Ring
 
 DEFAULT_TOLERANCE = 0.05
+
+
+def ring_homes(replicas: int) -> Callable[[str], int]:
+    """key -> the replica the dispatchers' CHWBL cold tail sends it to while loads are within its
+    bound: the first owner on the same ring (services.core.policies.chwbl, 160 vnodes), by index
+    into the replica list the dispatchers and the plan share."""
+    ring = Ring(replicas, 160)
+    return lambda key: next(ring.walk(key))
 
 
 def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float] | np.ndarray,
                        replica_ids: Sequence[str], q_cap: float, warm_slots: int, *, version: int,
                        created_at: float = 0.0, tolerance: float = DEFAULT_TOLERANCE, max_moves: int | None = None,
-                       rates_snapshot_id: str = "", window_seconds: float = 0.0) -> Plan:
+                       rates_snapshot_id: str = "", window_seconds: float = 0.0,
+                       homes: Callable[[str], int] | None = None) -> Plan:
     """A plan for the new rates that keeps the active plan's assignments where balance allows."""
     if not math.isfinite(tolerance) or tolerance < 0:
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
@@ -59,7 +74,9 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     cold[chosen] = False
 
     anchors = _anchors(active, replica_ids, order)
-    rows, loads = _place_anchored(order, lam, k, anchors, R, exact_sum(rate_arr[cold]) / R)
+    cold_load = exact_sum(rate_arr[cold]) / R
+    home_limit = (cold_load + math.fsum(lam.values()) / R) * scratch.predicted_imbalance * (1.0 + tolerance)
+    rows, loads = _place_anchored(order, lam, k, anchors, R, cold_load, homes=homes, limit=home_limit)
     changed = {key for key in order if rows[key] != anchors.get(key)}
     limit = math.fsum(loads) / R * scratch.predicted_imbalance * (1.0 + tolerance)
     moves = _rebalance(rows, lam, loads, changed, limit, max_moves if max_moves is not None else 4 * len(order) + R)
@@ -154,9 +171,11 @@ def _fit_budget(order: list[str], k: Mapping[str, int], budget: int) -> list[str
 
 
 def _place_anchored(order: Sequence[str], lam: Mapping[str, float], k: Mapping[str, int],
-                    anchors: Mapping[str, tuple[int, ...]], replicas: int,
-                    cold_load: float) -> tuple[dict[str, tuple[int, ...]], list[float]]:
-    """Keep anchored shares, trim keys that shrank, then fill missing shares least-loaded first."""
+                    anchors: Mapping[str, tuple[int, ...]], replicas: int, cold_load: float, *,
+                    homes: Callable[[str], int] | None = None,
+                    limit: float = math.inf) -> tuple[dict[str, tuple[int, ...]], list[float]]:
+    """Keep anchored shares, trim keys that shrank, then fill missing shares least-loaded first
+    (a new key's home first when it stays within `limit`)."""
     loads = [cold_load] * replicas
     rows: dict[str, tuple[int, ...]] = {}
     shrunk, short = [], []
@@ -180,6 +199,11 @@ def _place_anchored(order: Sequence[str], lam: Mapping[str, float], k: Mapping[s
     for key in short:
         share = lam[key] / k[key]
         row = set(rows[key])
+        if homes is not None and not row:
+            home = homes(key)
+            if 0 <= home < replicas and loads[home] + share <= limit:
+                loads[home] += share
+                row.add(home)
         for r in sorted((r for r in range(replicas) if r not in row), key=lambda r: (loads[r], r))[: k[key] - len(row)]:
             loads[r] += share
             row.add(r)

@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable, Generic, Mapping, Sequence, TypeVar
 
 from services.core.plan import Plan, SwitchDecision
 from services.core.planning import build_plan, with_churn
-from services.core.replan import replan_incremental
+from services.core.replan import replan_incremental, ring_homes
 from services.core.switching import SwitchConfig, decide_switch
 from services.model import ControlState, RatesSnapshot
 from services.store import Store
@@ -72,11 +72,14 @@ class BuildInputs:
 
 
 def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, created_at: float,
-                    incremental: bool, max_moves: int | None = None, prefix: bool = False) -> Plan:
+                    incremental: bool, max_moves: int | None = None, prefix: bool = False,
+                    cold_homes: bool = False) -> Plan:
     """A candidate: churn-aware from `active` when asked and possible (at most `max_moves`
     rebalancing moves; None: unbounded), else LPT from scratch. `prefix`: the prefix-aware,
     sticky plan (services.core.prefixes.build_prefix_plan; the simulator's cacheroute-prefix),
-    with the window's available and achieved hit rates in `extra`."""
+    with the window's available and achieved hit rates in `extra`. `cold_homes`: a churn-aware
+    build admits new keys on their cold-tail ring home when balance allows
+    (services.core.replan.ring_homes)."""
     if prefix:
         from services.core.prefixes import build_prefix_plan
 
@@ -91,7 +94,8 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
         return plan
     if incremental and active is not None:
         plan = replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
-                                  inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves)
+                                  inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves,
+                                  homes=ring_homes(len(inputs.replica_ids)) if cold_homes else None)
         plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
         return with_churn(plan, active) if plan.churn is None else plan
     return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
@@ -117,7 +121,7 @@ class Proposal(Generic[T]):
 async def propose(store: Store, inputs: BuildInputs, *, now: float, incremental: bool,
                   max_moves: int | None, switching: SwitchConfig | None, activate: ActivateStep[T],
                   check: CheckStep | None = None, review: ReviewStep | None = None,
-                  prefix: bool = False, grow_in_dwell: bool = False) -> Proposal[T]:
+                  prefix: bool = False, grow_in_dwell: bool = False, cold_homes: bool = False) -> Proposal[T]:
     """Build, [check], version, decide, [review], store and activate one candidate (module header)."""
     state, active = await store.get_active_plan()
     last = await store.history(1)
@@ -128,7 +132,8 @@ async def propose(store: Store, inputs: BuildInputs, *, now: float, incremental:
         max_moves = 0
     started = time.perf_counter()
     plan = await asyncio.to_thread(build_candidate, inputs, active, version=0, created_at=now,
-                                   incremental=incremental, max_moves=max_moves, prefix=prefix)
+                                   incremental=incremental, max_moves=max_moves, prefix=prefix,
+                                   cold_homes=cold_homes)
     built = time.perf_counter() - started
     if check is not None:
         check(state)

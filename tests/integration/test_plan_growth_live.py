@@ -1,6 +1,7 @@
 """A young plan catches up (issue 12): the live planner's first plan knows only the keys seen in
 its first seconds; the next interval's candidate adds the rest and goes live although the
-switching rule's 120 s dwell has not passed, because it moves no key the first plan placed.
+switching rule's 120 s dwell has not passed, because it moves no key the first plan placed,
+and it admits the newcomers on the replicas the cold tail had been sending them to.
 Real redis-server, real planner (gRPC on 127.0.0.1:0), telemetry written as the collector
 writes it, on a clock the test controls."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+from services.core.replan import ring_homes
 from services.planner.control import LoopConfig
 from services.planner.service import PlannerConfig, PlannerService
 from services.rpc import ServerConfig
@@ -56,3 +58,6 @@ def test_a_young_plan_takes_the_keys_that_arrive_after_it_within_the_dwell(redis
     assert second.parent_version == first.version and len(second.table) == 100
     for key, row in first.table.items():                         # nothing the first plan placed moved
         assert {second.replica_ids[i] for i in second.table[key]} >= {first.replica_ids[i] for i in row}, key
+    home = ring_homes(len(REPLICAS))                             # and the newcomers stay where the cold tail had them
+    new = [k for k in second.table if k not in first.table]
+    assert sum(second.table[k] == (home(k),) for k in new) >= 0.7 * len(new)

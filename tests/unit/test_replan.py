@@ -178,3 +178,34 @@ def test_repair_errors():
         repair_plan(active, ["q"], version=2)
     with pytest.raises(ValueError, match="no replica survives"):
         repair_plan(active, ["x", "y"], version=2)
+
+
+def test_new_keys_are_admitted_on_their_cold_tail_home_when_balance_allows():
+    """Tenants first served by the CHWBL cold tail keep that replica when the plan admits them;
+    without `homes` they go least-loaded first, mostly elsewhere. Balance stays within the
+    rebalancing limit either way."""
+    import random
+
+    from services.core.policies.chwbl import ChwblPolicy
+    from services.core.policy import ClusterState
+    from services.core.replan import ring_homes
+
+    ids = [f"e{i}" for i in range(8)]
+    keys = [f"tenant-{i}" for i in range(400)]
+    rates = np.random.default_rng(4).lognormal(0.0, 1.65, len(keys))
+    rates *= 25.0 / rates.sum()
+    young = build_plan(keys, np.where(np.arange(len(keys)) % 4 == 0, rates, 0.0), ids, 20.0, 64, version=1)
+    homes = ring_homes(len(ids))
+    cold = ChwblPolicy(len(ids), rng=random.Random(0))          # what the dispatchers' cold tail does, idle
+    assert all(homes(k) == cold.choose(k, ClusterState.empty(len(ids))) for k in keys)
+
+    with_homes = replan_incremental(young, keys, rates, ids, 20.0, 64, version=2, max_moves=0, homes=homes)
+    without = replan_incremental(young, keys, rates, ids, 20.0, 64, version=2, max_moves=0)
+    new = [k for k in with_homes.table if k not in young.table]
+    at_home = sum(with_homes.table[k][0] == homes(k) for k in new)
+    by_load = sum(without.table[k][0] == homes(k) for k in new)
+    assert at_home >= 0.7 * len(new) and by_load < 0.3 * len(new), (at_home, by_load, len(new))   # 223, 40 of 300
+    for key, row in young.table.items():                          # anchors untouched
+        assert with_homes.table[key] == row
+    limit = sum(with_homes.expected_load) / 8 * with_homes.extra["scratch_imbalance"] * 1.05
+    assert max(with_homes.expected_load) <= limit + 1e-9
