@@ -237,7 +237,10 @@ class FrontDoor:
             except NoHealthyReplica:
                 raise oai.ApiError(503, "no healthy replica", "service_unavailable", "no_healthy_replica") from None
             i = pick.replica
-            served = (key, now, prompt_tokens)
+            # every request with a text-derived key shares its first key_tokens tokens: the shared
+            # prefix the planner's switching rule prices (a header key's prefix is not known: 0)
+            shared = 0 if header_key else min(prompt_tokens, self.config.key_tokens)
+            served = (key, now, prompt_tokens, shared)
             headers = {"x-cacheroute-replica": self.router.ids[i],
                        "x-cacheroute-plan-version": str(self.router.plan_version),
                        "x-cacheroute-reason": REASONS[pick.reason]}
