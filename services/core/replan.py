@@ -23,6 +23,11 @@ churn-aware re-planner; this is ours.
      others cost their rate); if none does, the largest share, free keys first.
 Knob: `tolerance` (default 0.05: imbalance within 5% of from-scratch LPT), `max_moves`.
 
+`build_at_home` (builder "home"): a first plan for a cluster whose cold tail has been serving
+the traffic: `replan_incremental` from an empty plan, so every key starts on its home when
+that stays within the limit, and rebalancing (every key is new, so every move is free) brings
+the imbalance within `tolerance` of LPT's.
+
 `repair_plan` (builder "repair"): the replicas in `dead_replica_ids` leave the plan; only keys
 that lost a replica get new ones (least-loaded survivors), the cold tail is spread over the
 survivors, and if the smaller cluster's slot budget C = R' x W is exceeded the lowest-rate keys
@@ -92,6 +97,19 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
         extra={"scratch_imbalance": scratch.predicted_imbalance, "tolerance": tolerance, "moves": moves},
     )
     return with_churn(plan, active)
+
+
+def build_at_home(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica_ids: Sequence[str],
+                  q_cap: float, warm_slots: int, homes: Callable[[str], int], *, version: int,
+                  created_at: float = 0.0, tolerance: float = DEFAULT_TOLERANCE, rates_snapshot_id: str = "",
+                  window_seconds: float = 0.0) -> Plan:
+    """A first plan with every key on its home where balance allows (module header)."""
+    scratch = build_plan(keys, rates, replica_ids, q_cap, warm_slots)
+    empty = replace(scratch, table={}, rates={}, admitted_keys=0)
+    plan = replan_incremental(empty, keys, rates, replica_ids, q_cap, warm_slots, version=version,
+                              created_at=created_at, tolerance=tolerance, rates_snapshot_id=rates_snapshot_id,
+                              window_seconds=window_seconds, homes=homes)
+    return replace(plan, parent_version=0, churn=None, builder="home")
 
 
 def repair_plan(active: Plan, dead_replica_ids: Sequence[str], *, version: int, created_at: float = 0.0) -> Plan:

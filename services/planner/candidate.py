@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable, Generic, Mapping, Sequence, TypeVar
 
 from services.core.plan import Plan, SwitchDecision
 from services.core.planning import build_plan, with_churn
-from services.core.replan import replan_incremental, ring_homes
+from services.core.replan import build_at_home, replan_incremental, ring_homes
 from services.core.switching import SwitchConfig, decide_switch
 from services.model import ControlState, RatesSnapshot
 from services.store import Store
@@ -77,9 +77,9 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
     """A candidate: churn-aware from `active` when asked and possible (at most `max_moves`
     rebalancing moves; None: unbounded), else LPT from scratch. `prefix`: the prefix-aware,
     sticky plan (services.core.prefixes.build_prefix_plan; the simulator's cacheroute-prefix),
-    with the window's available and achieved hit rates in `extra`. `cold_homes`: a churn-aware
-    build admits new keys on their cold-tail ring home when balance allows
-    (services.core.replan.ring_homes)."""
+    with the window's available and achieved hit rates in `extra`. `cold_homes`: new keys start on
+    their cold-tail ring home when balance allows (services.core.replan.ring_homes), in a
+    churn-aware build and in a first plan (`build_at_home`)."""
     if prefix:
         from services.core.prefixes import build_prefix_plan
 
@@ -98,6 +98,10 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
                                   homes=ring_homes(len(inputs.replica_ids)) if cold_homes else None)
         plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
         return with_churn(plan, active) if plan.churn is None else plan
+    if cold_homes and active is None:
+        return build_at_home(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
+                             ring_homes(len(inputs.replica_ids)), version=version, created_at=created_at,
+                             rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
     return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
                       version=version, parent=active, created_at=created_at,
                       rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)

@@ -209,3 +209,19 @@ def test_new_keys_are_admitted_on_their_cold_tail_home_when_balance_allows():
         assert with_homes.table[key] == row
     limit = sum(with_homes.expected_load) / 8 * with_homes.extra["scratch_imbalance"] * 1.05
     assert max(with_homes.expected_load) <= limit + 1e-9
+
+
+def test_a_first_plan_at_home_is_balanced_like_lpt():
+    from services.core.replan import build_at_home, ring_homes
+
+    ids = [f"e{i}" for i in range(8)]
+    keys = [f"tenant-{i}" for i in range(300)]
+    rates = np.random.default_rng(5).lognormal(0.0, 1.65, len(keys))
+    rates *= 60.0 / rates.sum()
+    homes = ring_homes(len(ids))
+    lpt = build_plan(keys, rates, ids, 20.0, 64, version=1)
+    home = build_at_home(keys, rates, ids, 20.0, 64, homes, version=1)
+    assert home.builder == "home" and home.parent_version == 0 and set(home.table) == set(lpt.table)
+    assert home.predicted_imbalance <= lpt.predicted_imbalance * 1.05 + 1e-9
+    assert sum(home.table[k][0] == homes(k) for k in home.table) >= 0.6 * len(home.table)   # 191 of 300
+    assert sum(lpt.table[k][0] == homes(k) for k in lpt.table) < 0.3 * len(lpt.table)
