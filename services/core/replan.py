@@ -12,7 +12,10 @@ churn-aware re-planner; this is ours.
   3. fill: newly admitted keys, and the extra replicas of keys whose k_b grew or whose replicas
      disappeared, go to the least-loaded distinct replicas (admission order, ties lowest index);
      with `homes` (key -> replica index), a newly admitted key's first replica is its home
-     when the home's load stays within the rebalancing limit below. The planner passes the
+     when the home's load stays within the home limit: the rebalancing limit below, or
+     `home_rho` x q_cap if that is higher (default 0.5: below half its knee a replica's
+     M/M/1 queue holds half a request on average, so locality beats balance there; the
+     rebalancing step uses the same limit, else it would move the keys back). The planner passes the
      dispatchers' cold-tail ring home (`ring_homes`): a key the cold tail has served so far
      has its prefix cached there, so admitting it there costs no re-warm (issue 12: every
      tenant admitted after the first plan paid a second cold prefill on another replica);
@@ -47,6 +50,7 @@ from services.core.planning import admit, build_plan, check_inputs, exact_sum, i
 from services.core.policies._common import Ring
 
 DEFAULT_TOLERANCE = 0.05
+DEFAULT_HOME_RHO = 0.5
 
 
 def ring_homes(replicas: int) -> Callable[[str], int]:
@@ -61,7 +65,7 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
                        replica_ids: Sequence[str], q_cap: float, warm_slots: int, *, version: int,
                        created_at: float = 0.0, tolerance: float = DEFAULT_TOLERANCE, max_moves: int | None = None,
                        rates_snapshot_id: str = "", window_seconds: float = 0.0,
-                       homes: Callable[[str], int] | None = None) -> Plan:
+                       homes: Callable[[str], int] | None = None, home_rho: float = DEFAULT_HOME_RHO) -> Plan:
     """A plan for the new rates that keeps the active plan's assignments where balance allows."""
     if not math.isfinite(tolerance) or tolerance < 0:
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
@@ -80,10 +84,12 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
 
     anchors = _anchors(active, replica_ids, order)
     cold_load = exact_sum(rate_arr[cold]) / R
-    home_limit = (cold_load + math.fsum(lam.values()) / R) * scratch.predicted_imbalance * (1.0 + tolerance)
+    home_floor = home_rho * float(q_cap) if homes is not None else 0.0
+    home_limit = max(home_floor,
+                     (cold_load + math.fsum(lam.values()) / R) * scratch.predicted_imbalance * (1.0 + tolerance))
     rows, loads = _place_anchored(order, lam, k, anchors, R, cold_load, homes=homes, limit=home_limit)
     changed = {key for key in order if rows[key] != anchors.get(key)}
-    limit = math.fsum(loads) / R * scratch.predicted_imbalance * (1.0 + tolerance)
+    limit = max(home_floor, math.fsum(loads) / R * scratch.predicted_imbalance * (1.0 + tolerance))
     moves = _rebalance(rows, lam, loads, changed, limit, max_moves if max_moves is not None else 4 * len(order) + R)
 
     total = float(rate_arr.sum())
