@@ -701,7 +701,12 @@ async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Seque
                 continue
             t = time.monotonic()
             try:
-                p = await run_point(router, scale, workload, qps, seed, log_root, progress)
+                try:
+                    p = await run_point(router, scale, workload, qps, seed, log_root, progress)
+                except Exception as exc:   # e.g. a port taken between choosing it and binding it: once more
+                    print(f"  {workload} {router} {qps:g} req/s failed ({str(exc).splitlines()[0][:160]}); "
+                          f"running it again", file=sys.stderr)
+                    p = await run_point(router, scale, workload, qps, seed, log_root, progress)
             except Exception as exc:   # one broken point must not lose the rest of the sweep
                 print(f"  {workload} {router} {qps:g} req/s failed: {exc}", file=sys.stderr)
                 p = {"router": router, "qps": qps, "requests": 0, "ok": 0, "errors": 1,
