@@ -87,7 +87,7 @@ class Scale:
 
 SIM = Scale(
     name="sim", engine="sim", replicas=8, warmup=20.0, duration=60.0,
-    grids={"tenants": (25.0, 50.0, 100.0, 150.0), "whales": (25.0, 50.0, 100.0, 150.0),
+    grids={"tenants": (25.0, 50.0, 100.0, 150.0, 200.0), "whales": (25.0, 50.0, 100.0, 150.0, 200.0),
            "mooncake": (2.0, 4.0, 8.0, 16.0)},
     # mooncake: about twice the idle TTFT of the trace's 99th-percentile prompt (91.6k tokens, ~7 s
     # on the 8B profile); the first runs' 5 s, set from the mean prompt, was below every router's floor
@@ -725,16 +725,23 @@ async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Seque
 
 
 def merge(old: dict, new: dict) -> dict:
-    """`old` with the routers of `new` replaced (same scale, workload and SLO), in ROUTERS order."""
+    """`old` with the points of `new` merged in (same scale, workload and SLO): a router's point at
+    a rate `new` ran replaces the old one, its other points stay; routers in ROUTERS order."""
     for key in ("scale", "workload", "slo"):
         if old.get(key) != new.get(key):
             raise SystemExit(f"peers: cannot merge: {key} {old.get(key)!r} != {new.get(key)!r}")
-    points = {**old["points"], **new["points"]}
+    points = dict(old["points"])
+    for router, fresh in new["points"].items():
+        rates = {p["qps"] for p in fresh}
+        points[router] = sorted([p for p in points.get(router, []) if p["qps"] not in rates] + fresh,
+                                key=lambda p: p["qps"])
     out = dict(old)
     out["points"] = {r: points[r] for r in ROUTERS + EXTRA_ROUTERS if r in points}
     out["capacity"] = {r: capacity(p, out["slo"]) for r, p in out["points"].items()}
     skipped = {**old.get("skipped", {}), **{r: [] for r in new["points"]}, **new.get("skipped", {})}
-    out["skipped"] = {r: q for r, q in skipped.items() if q and r in out["points"]}
+    out["skipped"] = {r: [q for q in qs if q not in {p["qps"] for p in out["points"][r]}]
+                      for r, qs in skipped.items() if qs and r in out["points"]}
+    out["grid"] = sorted({p["qps"] for pts in out["points"].values() for p in pts})
     out.setdefault("runs", [{"started": old.get("started"), "routers": list(old["points"])}])
     out["runs"].append({"started": new["started"], "routers": list(new["points"]), "machine": new["machine"]})
     return out
