@@ -69,6 +69,8 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     """A plan for the new rates that keeps the active plan's assignments where balance allows."""
     if not math.isfinite(tolerance) or tolerance < 0:
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
+    if not math.isfinite(home_rho) or home_rho < 0:
+        raise ValueError(f"home_rho must be a finite number >= 0, got {home_rho!r}")
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
     check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots)
