@@ -12,9 +12,11 @@ loop (clients.openloop), stop the router and the engines. Nothing is carried fro
 the next, so no router inherits another's caches. Routers:
 
   cacheroute       the stack (redis, collector, planner, dispatcher) fronting the engines over
-                   HTTP; at half the warm-up it builds a plan from the run's own telemetry and
-                   activates it (the planner's control loop keeps running, nothing is tuned
-                   per workload)
+                   HTTP; the planner's own control loop (every 10 s) plans from the run's
+                   telemetry from its first interval on, nothing is tuned per workload; the
+                   harness builds a plan at half the warm-up only if the loop has none yet
+                   (the first runs' harness always did, from scratch, which moved the tenants
+                   the loop had just placed)
   sglang-ca        `python -m sglang_router.launch_router --policy cache_aware` (its defaults)
   sglang-rr        the same with `--policy round_robin`
   vllm-ca          `vllm-router --policy cache_aware` (its defaults)
@@ -455,17 +457,28 @@ async def start_cacheroute(scale: Scale, engines: Engines, log_dir: Path, worker
                     stack=stack)
     router.cpu_procs, router.cpu_control = procs, control
 
-    async def build() -> None:
+    async def observe() -> None:
+        """At half the warm-up: the plan the planner's own loop has live; only if it has none yet
+        (a point shorter than the loop's 10 s interval, as the smoke run) a BuildPlan from the
+        telemetry so far, which is then a first plan at home (no plan it could replace)."""
         from clients.client import AsyncCacheRouteClient
 
         async with AsyncCacheRouteClient(stack.dispatchers, planner=stack.planner, timeout=10.0) as client:
             status = await client.planner_status()
-            built = await client.build_plan(activate=True, expected_active_version=status.active_version)
-            plan = built.plan
-            router.notes.append(f"plan v{plan.version} built at half warm-up: {plan.admitted_keys} keys admitted, "
-                                f"predicted imbalance {plan.predicted_imbalance:.2f}")
+            if status.active_version:
+                plan = await client.get_plan(status.active_version, summary_only=True)
+                router.notes.append(f"plan v{plan.version} live at half warm-up: {plan.admitted_keys} keys, "
+                                    f"builder {plan.builder}")
+                return
+            try:
+                plan = (await client.build_plan(activate=True, expected_active_version=0)).plan
+            except Exception as exc:   # noqa: BLE001 - e.g. the loop activated one meanwhile (CAS)
+                router.notes.append(f"no plan built at half warm-up: {str(exc).splitlines()[0][:160]}")
+                return
+            router.notes.append(f"plan v{plan.version} built at half warm-up (the loop had none): "
+                                f"{plan.admitted_keys} keys, builder {plan.builder}")
 
-    router.on_warm = build
+    router.on_warm = observe
     return router
 
 
