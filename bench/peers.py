@@ -12,9 +12,11 @@ loop (clients.openloop), stop the router and the engines. Nothing is carried fro
 the next, so no router inherits another's caches. Routers:
 
   cacheroute       the stack (redis, collector, planner, dispatcher) fronting the engines over
-                   HTTP; at half the warm-up it builds a plan from the run's own telemetry and
-                   activates it (the planner's control loop keeps running, nothing is tuned
-                   per workload)
+                   HTTP; the planner's own control loop (every 10 s) plans from the run's
+                   telemetry from its first interval on, nothing is tuned per workload; the
+                   harness builds a plan at half the warm-up only if the loop has none yet
+                   (the first runs' harness always did, from scratch, which moved the tenants
+                   the loop had just placed)
   sglang-ca        `python -m sglang_router.launch_router --policy cache_aware` (its defaults)
   sglang-rr        the same with `--policy round_robin`
   vllm-ca          `vllm-router --policy cache_aware` (its defaults)
@@ -87,8 +89,11 @@ class Scale:
 
 SIM = Scale(
     name="sim", engine="sim", replicas=8, warmup=20.0, duration=60.0,
-    grids={"tenants": (25.0, 50.0, 100.0), "whales": (25.0, 50.0, 100.0), "mooncake": (2.0, 4.0, 8.0)},
-    slo={"tenants": 0.5, "whales": 0.5, "mooncake": 5.0},
+    grids={"tenants": (25.0, 50.0, 100.0, 150.0, 200.0), "whales": (25.0, 50.0, 100.0, 150.0, 200.0),
+           "mooncake": (2.0, 4.0, 8.0, 16.0)},
+    # mooncake: about twice the idle TTFT of the trace's 99th-percentile prompt (91.6k tokens, ~7 s
+    # on the 8B profile); the first runs' 5 s, set from the mean prompt, was below every router's floor
+    slo={"tenants": 0.5, "whales": 0.5, "mooncake": 15.0},
     workload_knobs={
         "tenants": {"tenants": 400},
         "whales": {"tenants": 400, "whales": 2, "whale_share": 0.6},
@@ -98,8 +103,9 @@ SIM = Scale(
 )
 
 LLAMA = Scale(
-    name="llama", engine="llama", replicas=2, warmup=20.0, duration=60.0,
-    grids={"tenants": (0.2, 0.4), "whales": (0.2, 0.4), "mooncake": (0.2, 0.4)},
+    # the first runs (a starved machine, 0.2 / 0.4 req/s over 60 s) measured 12-13 requests a point
+    name="llama", engine="llama", replicas=2, warmup=25.0, duration=75.0,
+    grids={"tenants": (0.5, 1.0, 2.0), "whales": (0.5, 1.0, 2.0), "mooncake": (0.5, 1.0, 2.0)},
     slo={"tenants": 20.0, "whales": 20.0, "mooncake": 20.0},
     workload_knobs={
         "tenants": {"tenants": 4, "system_words": textload.WordRange(48, 128),
@@ -452,17 +458,28 @@ async def start_cacheroute(scale: Scale, engines: Engines, log_dir: Path, worker
                     stack=stack)
     router.cpu_procs, router.cpu_control = procs, control
 
-    async def build() -> None:
+    async def observe() -> None:
+        """At half the warm-up: the plan the planner's own loop has live; only if it has none yet
+        (a point shorter than the loop's 10 s interval, as the smoke run) a BuildPlan from the
+        telemetry so far, which is then a first plan at home (no plan it could replace)."""
         from clients.client import AsyncCacheRouteClient
 
         async with AsyncCacheRouteClient(stack.dispatchers, planner=stack.planner, timeout=10.0) as client:
             status = await client.planner_status()
-            built = await client.build_plan(activate=True, expected_active_version=status.active_version)
-            plan = built.plan
-            router.notes.append(f"plan v{plan.version} built at half warm-up: {plan.admitted_keys} keys admitted, "
-                                f"predicted imbalance {plan.predicted_imbalance:.2f}")
+            if status.active_version:
+                plan = await client.get_plan(status.active_version, summary_only=True)
+                router.notes.append(f"plan v{plan.version} live at half warm-up: {plan.admitted_keys} keys, "
+                                    f"builder {plan.builder}")
+                return
+            try:
+                plan = (await client.build_plan(activate=True, expected_active_version=0)).plan
+            except Exception as exc:   # noqa: BLE001 - e.g. the loop activated one meanwhile (CAS)
+                router.notes.append(f"no plan built at half warm-up: {str(exc).splitlines()[0][:160]}")
+                return
+            router.notes.append(f"plan v{plan.version} built at half warm-up (the loop had none): "
+                                f"{plan.admitted_keys} keys, builder {plan.builder}")
 
-    router.on_warm = build
+    router.on_warm = observe
     return router
 
 
@@ -640,7 +657,9 @@ def table(result: dict) -> str:
     lines.append(f"SLO capacity (p99 TTFT <= {result['slo']:g} s, no errors):")
     for router, cap in result["capacity"].items():
         cens = {"left": " (left-censored: the lowest rate fails)", "right": " (right-censored: the highest rate passes)"}
-        lines.append(f"- {router}: {cap['capacity']:g} req/s{cens.get(cap['censored'], '')}")
+        skipped = result.get("skipped", {}).get(router)
+        more = f"; not run past the knee: {', '.join(f'{q:g}' for q in skipped)} req/s" if skipped else ""
+        lines.append(f"- {router}: {cap['capacity']:g} req/s{cens.get(cap['censored'], '')}{more}")
     return "\n".join(lines)
 
 
@@ -672,7 +691,9 @@ def plot(result: dict, path: str) -> None:
 
 
 async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Sequence[float], seed: int,
-                log_root: Path, progress: bool = True) -> dict:
+                log_root: Path, progress: bool = True, past_knee: int | None = None) -> dict:
+    """Every router over the grid; with `past_knee` N, a router's sweep stops N points after its
+    first point that fails the SLO (the capacity is decided there; the skipped rates are listed)."""
     result: dict[str, Any] = {
         "scale": scale.name, "workload": workload, "replicas": scale.replicas, "grid": list(grid),
         "slo": scale.slo[workload], "seed": seed, "warmup": scale.warmup, "duration": scale.duration,
@@ -683,14 +704,23 @@ async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Seque
                      "xllamacpp": peer_version("xllamacpp")},
         "machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0]},
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "points": {}, "capacity": {},
+        "points": {}, "capacity": {}, "skipped": {},
     }
     for router in routers:
-        points = []
+        points: list[dict] = []
         for qps in sorted(grid):
+            failed = [q for q in points if q["errors"] or not q["ttft_p99"] <= result["slo"]]
+            if past_knee is not None and failed and len(points) - points.index(failed[0]) > past_knee:
+                result["skipped"].setdefault(router, []).append(qps)
+                continue
             t = time.monotonic()
             try:
-                p = await run_point(router, scale, workload, qps, seed, log_root, progress)
+                try:
+                    p = await run_point(router, scale, workload, qps, seed, log_root, progress)
+                except Exception as exc:   # e.g. a port taken between choosing it and binding it: once more
+                    print(f"  {workload} {router} {qps:g} req/s failed ({str(exc).splitlines()[0][:160]}); "
+                          f"running it again", file=sys.stderr)
+                    p = await run_point(router, scale, workload, qps, seed, log_root, progress)
             except Exception as exc:   # one broken point must not lose the rest of the sweep
                 print(f"  {workload} {router} {qps:g} req/s failed: {exc}", file=sys.stderr)
                 p = {"router": router, "qps": qps, "requests": 0, "ok": 0, "errors": 1,
@@ -709,14 +739,23 @@ async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Seque
 
 
 def merge(old: dict, new: dict) -> dict:
-    """`old` with the routers of `new` replaced (same scale, workload and SLO), in ROUTERS order."""
+    """`old` with the points of `new` merged in (same scale, workload and SLO): a router's point at
+    a rate `new` ran replaces the old one, its other points stay; routers in ROUTERS order."""
     for key in ("scale", "workload", "slo"):
         if old.get(key) != new.get(key):
             raise SystemExit(f"peers: cannot merge: {key} {old.get(key)!r} != {new.get(key)!r}")
-    points = {**old["points"], **new["points"]}
+    points = dict(old["points"])
+    for router, fresh in new["points"].items():
+        rates = {p["qps"] for p in fresh}
+        points[router] = sorted([p for p in points.get(router, []) if p["qps"] not in rates] + fresh,
+                                key=lambda p: p["qps"])
     out = dict(old)
     out["points"] = {r: points[r] for r in ROUTERS + EXTRA_ROUTERS if r in points}
     out["capacity"] = {r: capacity(p, out["slo"]) for r, p in out["points"].items()}
+    skipped = {**old.get("skipped", {}), **{r: [] for r in new["points"]}, **new.get("skipped", {})}
+    out["skipped"] = {r: [q for q in qs if q not in {p["qps"] for p in out["points"][r]}]
+                      for r, qs in skipped.items() if qs and r in out["points"]}
+    out["grid"] = sorted({p["qps"] for pts in out["points"].values() for p in pts})
     out.setdefault("runs", [{"started": old.get("started"), "routers": list(old["points"])}])
     out["runs"].append({"started": new["started"], "routers": list(new["points"]), "machine": new["machine"]})
     return out
@@ -743,6 +782,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: print the table of a stored result (and --table/--plot it)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the other routers' points already in --out (re-running some routers)")
+    parser.add_argument("--past-knee", type=int, default=1, metavar="N",
+                        help="stop a router's sweep N points after its first SLO failure (-1: run every point)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
     if args.from_json:
@@ -774,7 +815,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print(f"peers: {scale.name} scale, {workload}, routers {', '.join(routers)}, grid {grid}, "
               f"{scale.duration:g}s per point ({scale.warmup:g}s warm-up); logs in {log_root}", file=sys.stderr)
-    result = asyncio.run(sweep(scale, workload, routers, grid, args.seed, log_root, progress=not args.quiet))
+    result = asyncio.run(sweep(scale, workload, routers, grid, args.seed, log_root, progress=not args.quiet,
+                               past_knee=None if args.past_knee < 0 else args.past_knee))
     if args.merge and args.out and Path(args.out).is_file():
         result = merge(json.loads(Path(args.out).read_text()), result)
     text = table(result)

@@ -15,6 +15,7 @@ from prometheus_client import Counter, Gauge
 from services.collector.ingest import IngestCounters, Ingestor
 from services.collector.servicer import CollectorServicer
 from services.rpc import RpcMetrics, RunningServer, ServerConfig, kv, start_server
+from services.errors import Unavailable
 from services.store import Store, TelemetryConfig, open_store
 
 log = logging.getLogger("cacheroute.collector")
@@ -66,6 +67,11 @@ class CollectorService:
         return self.running.address
 
     async def start(self) -> "CollectorService":
+        try:   # windows younger than the collection divide by its span (Store.window_rates)
+            since = await self.store.mark_telemetry_start(self.config.clock())
+        except Unavailable as exc:
+            since = None
+            log.warning("telemetry start not recorded; windows span their full length", extra=kv(error=str(exc)))
         self.ingestor.start()
         servicer = CollectorServicer(self.ingestor, self.store, window_seconds=self.config.window_seconds,
                                      clock=self.config.clock, max_rates=self.config.max_rates,
@@ -74,7 +80,8 @@ class CollectorService:
                                           [(collector_pb2_grpc.add_CollectorServicer_to_server, servicer)],
                                           [SERVICE], protected_methods=PROTECTED, metrics=self.metrics)
         log.info("collector ready", extra=kv(bucket_seconds=self.config.telemetry.bucket_seconds,
-                                             retention_seconds=self.config.telemetry.retention_seconds))
+                                             retention_seconds=self.config.telemetry.retention_seconds,
+                                             telemetry_since=since))
         return self
 
     async def stop(self, grace: float | None = None) -> None:

@@ -11,12 +11,25 @@ churn-aware re-planner; this is ours.
      k_b shrank it keeps the least-loaded of them; dropped keys leave the table;
   3. fill: newly admitted keys, and the extra replicas of keys whose k_b grew or whose replicas
      disappeared, go to the least-loaded distinct replicas (admission order, ties lowest index);
+     with `homes` (key -> replica index), a newly admitted key's first replica is its home
+     when the home's load stays within the home limit: the rebalancing limit below, or
+     `home_rho` x q_cap if that is higher (default 0.5: below half its knee a replica's
+     M/M/1 queue holds half a request on average, so locality beats balance there; the
+     rebalancing step uses the same limit, else it would move the keys back). The planner passes the
+     dispatchers' cold-tail ring home (`ring_homes`): a key the cold tail has served so far
+     has its prefix cached there, so admitting it there costs no re-warm (issue 12: every
+     tenant admitted after the first plan paid a second cold prefill on another replica);
   4. rebalance: while the most-loaded replica exceeds limit = mean load x the from-scratch LPT
      imbalance x (1 + tolerance), move one key share off it to the least-loaded replica the key
      does not use, never pushing that replica over the limit. Preferred move: one that clears
      the whole excess at the least churn (keys already moved or new this interval are free,
      others cost their rate); if none does, the largest share, free keys first.
 Knob: `tolerance` (default 0.05: imbalance within 5% of from-scratch LPT), `max_moves`.
+
+`build_at_home` (builder "home"): a first plan for a cluster whose cold tail has been serving
+the traffic: `replan_incremental` from an empty plan, so every key starts on its home when
+that stays within the limit, and rebalancing (every key is new, so every move is free) brings
+the imbalance within `tolerance` of LPT's.
 
 `repair_plan` (builder "repair"): the replicas in `dead_replica_ids` leave the plan; only keys
 that lost a replica get new ones (least-loaded survivors), the cold tail is spread over the
@@ -28,23 +41,36 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from services.core.plan import Plan
 from services.core.planning import admit, build_plan, check_inputs, exact_sum, imbalance, size_keys, with_churn
+from services.core.policies._common import Ring
 
 DEFAULT_TOLERANCE = 0.05
+DEFAULT_HOME_RHO = 0.5
+
+
+def ring_homes(replicas: int) -> Callable[[str], int]:
+    """key -> the replica the dispatchers' CHWBL cold tail sends it to while loads are within its
+    bound: the first owner on the same ring (services.core.policies.chwbl, 160 vnodes), by index
+    into the replica list the dispatchers and the plan share."""
+    ring = Ring(replicas, 160)
+    return lambda key: next(ring.walk(key))
 
 
 def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float] | np.ndarray,
                        replica_ids: Sequence[str], q_cap: float, warm_slots: int, *, version: int,
                        created_at: float = 0.0, tolerance: float = DEFAULT_TOLERANCE, max_moves: int | None = None,
-                       rates_snapshot_id: str = "", window_seconds: float = 0.0) -> Plan:
+                       rates_snapshot_id: str = "", window_seconds: float = 0.0,
+                       homes: Callable[[str], int] | None = None, home_rho: float = DEFAULT_HOME_RHO) -> Plan:
     """A plan for the new rates that keeps the active plan's assignments where balance allows."""
     if not math.isfinite(tolerance) or tolerance < 0:
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
+    if not math.isfinite(home_rho) or home_rho < 0:
+        raise ValueError(f"home_rho must be a finite number >= 0, got {home_rho!r}")
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
     check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots)
@@ -59,9 +85,13 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     cold[chosen] = False
 
     anchors = _anchors(active, replica_ids, order)
-    rows, loads = _place_anchored(order, lam, k, anchors, R, exact_sum(rate_arr[cold]) / R)
+    cold_load = exact_sum(rate_arr[cold]) / R
+    home_floor = home_rho * float(q_cap) if homes is not None else 0.0
+    home_limit = max(home_floor,
+                     (cold_load + math.fsum(lam.values()) / R) * scratch.predicted_imbalance * (1.0 + tolerance))
+    rows, loads = _place_anchored(order, lam, k, anchors, R, cold_load, homes=homes, limit=home_limit)
     changed = {key for key in order if rows[key] != anchors.get(key)}
-    limit = math.fsum(loads) / R * scratch.predicted_imbalance * (1.0 + tolerance)
+    limit = max(home_floor, math.fsum(loads) / R * scratch.predicted_imbalance * (1.0 + tolerance))
     moves = _rebalance(rows, lam, loads, changed, limit, max_moves if max_moves is not None else 4 * len(order) + R)
 
     total = float(rate_arr.sum())
@@ -75,6 +105,19 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
         extra={"scratch_imbalance": scratch.predicted_imbalance, "tolerance": tolerance, "moves": moves},
     )
     return with_churn(plan, active)
+
+
+def build_at_home(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica_ids: Sequence[str],
+                  q_cap: float, warm_slots: int, homes: Callable[[str], int], *, version: int,
+                  created_at: float = 0.0, tolerance: float = DEFAULT_TOLERANCE, rates_snapshot_id: str = "",
+                  window_seconds: float = 0.0) -> Plan:
+    """A first plan with every key on its home where balance allows (module header)."""
+    scratch = build_plan(keys, rates, replica_ids, q_cap, warm_slots)
+    empty = replace(scratch, table={}, rates={}, admitted_keys=0)
+    plan = replan_incremental(empty, keys, rates, replica_ids, q_cap, warm_slots, version=version,
+                              created_at=created_at, tolerance=tolerance, rates_snapshot_id=rates_snapshot_id,
+                              window_seconds=window_seconds, homes=homes)
+    return replace(plan, parent_version=0, churn=None, builder="home")
 
 
 def repair_plan(active: Plan, dead_replica_ids: Sequence[str], *, version: int, created_at: float = 0.0) -> Plan:
@@ -154,9 +197,11 @@ def _fit_budget(order: list[str], k: Mapping[str, int], budget: int) -> list[str
 
 
 def _place_anchored(order: Sequence[str], lam: Mapping[str, float], k: Mapping[str, int],
-                    anchors: Mapping[str, tuple[int, ...]], replicas: int,
-                    cold_load: float) -> tuple[dict[str, tuple[int, ...]], list[float]]:
-    """Keep anchored shares, trim keys that shrank, then fill missing shares least-loaded first."""
+                    anchors: Mapping[str, tuple[int, ...]], replicas: int, cold_load: float, *,
+                    homes: Callable[[str], int] | None = None,
+                    limit: float = math.inf) -> tuple[dict[str, tuple[int, ...]], list[float]]:
+    """Keep anchored shares, trim keys that shrank, then fill missing shares least-loaded first
+    (a new key's home first when it stays within `limit`)."""
     loads = [cold_load] * replicas
     rows: dict[str, tuple[int, ...]] = {}
     shrunk, short = [], []
@@ -180,6 +225,11 @@ def _place_anchored(order: Sequence[str], lam: Mapping[str, float], k: Mapping[s
     for key in short:
         share = lam[key] / k[key]
         row = set(rows[key])
+        if homes is not None and not row:
+            home = homes(key)
+            if 0 <= home < replicas and loads[home] + share <= limit:
+                loads[home] += share
+                row.add(home)
         for r in sorted((r for r in range(replicas) if r not in row), key=lambda r: (loads[r], r))[: k[key] - len(row)]:
             loads[r] += share
             row.add(r)

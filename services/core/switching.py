@@ -23,9 +23,21 @@ cost c:
                              one cold prefill per new owner, plus the moved share of the key's
                              traffic running cold while the new owners warm up      [prefill s]
   rule                       switch  iff  S * horizon > W * (1 + hysteresis)
-                             and at least min_dwell_seconds passed since the last switch.
+                             and at least min_dwell_seconds passed since the last switch,
+                             unless the candidate only grows the active plan (below).
 Overrides: no active plan -> switch; the replica set changed -> switch (the active plan
 routes to replicas that are gone or misses new ones), dwell notwithstanding.
+
+Growth within the dwell. The dwell bounds how often warm traffic is moved; a candidate that
+moves none (`grows_only`: every key of the active plan stays in the candidate with all its
+replicas, or a subset of them when its k_b shrank; keys are otherwise only added or given extra
+owners) is judged by the cost rule alone, dwell or not. Dropping a key is a move (its traffic
+goes from its owners to its cold-tail replica), so a swap of the hot set waits for the dwell. This is what lets a young plan catch up:
+a plan built from the first seconds of telemetry holds only the keys seen so far, and holding
+it for a whole dwell sends every key that appears later to the cold tail (issue 12: 102 of 400
+tenants planned for the whole measured window). The planner's loop builds its candidate with
+no rebalancing moves while the dwell runs (services.planner.candidate), so the candidates it
+proposes then are growth by construction.
 
 Knobs (SwitchConfig): horizon_seconds 300 (how long a kept plan would keep paying S),
 hysteresis 1.0, min_dwell_seconds 120, prefill_seconds_per_token 78e-6 (the per-token term
@@ -169,6 +181,26 @@ def rewarm_penalty(active: Plan, candidate: Plan, rates: Mapping[str, float],
     return math.fsum(parts) * config.prefill_seconds_per_token
 
 
+def grows_only(active: Plan, candidate: Plan) -> bool:
+    """True when `candidate` moves no traffic of `active` to a replica that did not serve it:
+    every key of `active` keeps all its replicas or a subset of them (by replica id)."""
+    same_ids = active.replica_ids == candidate.replica_ids
+    after_table = candidate.table
+    for key, before in active.table.items():
+        row = after_table.get(key)
+        if row is None:
+            return False
+        if before == row:
+            continue
+        if same_ids:
+            old, new = set(before), set(row)
+        else:
+            old, new = set(replica_names(active, key)), set(replica_names(candidate, key))
+        if not (old <= new or new <= old):
+            return False
+    return True
+
+
 def decide_switch(active: Plan | None, candidate: Plan, rates: Mapping[str, float],
                   prefix_tokens: Mapping[str, float] | float, *, now: float, last_switch_at: float,
                   config: SwitchConfig = SwitchConfig()) -> SwitchDecision:
@@ -189,12 +221,15 @@ def decide_switch(active: Plan | None, candidate: Plan, rates: Mapping[str, floa
         new = sorted(set(candidate.replica_ids) - set(active.replica_ids))
         return decision(True, f"replica set changed (gone {gone}, new {new})")
     dwell = now - last_switch_at
+    growth = ""
     if dwell < config.min_dwell_seconds:
-        return decision(False, f"dwell {dwell:.0f} s < {config.min_dwell_seconds:.0f} s since the last switch")
+        if not grows_only(active, candidate):
+            return decision(False, f"dwell {dwell:.0f} s < {config.min_dwell_seconds:.0f} s since the last switch")
+        growth = f" (growth only, within the {config.min_dwell_seconds:.0f} s dwell)"
     cost_of_keeping = stale.total * config.horizon_seconds
     bar = rewarm * (1.0 + config.hysteresis)
     figures = (f"staleness {stale.total:.4g} s/s x {config.horizon_seconds:.0f} s = {cost_of_keeping:.4g} s "
                f"{{}} re-warm {rewarm:.4g} s x {1.0 + config.hysteresis:.2f}")
     if cost_of_keeping > bar:
-        return decision(True, "switch: " + figures.format(">"))
-    return decision(False, "keep: " + figures.format("<="))
+        return decision(True, "switch" + growth + ": " + figures.format(">"))
+    return decision(False, "keep" + growth + ": " + figures.format("<="))

@@ -43,6 +43,9 @@ OpenAI HTTP API (services/dispatcher/http.py):
   CACHEROUTE_MAX_OUTPUT_TOKENS (32768)      larger max_tokens is 400
   CACHEROUTE_UPSTREAM_TIMEOUT (600)         seconds without a byte from the engine -> 504
   CACHEROUTE_EJECT_SECONDS (5)              a replica that answered 5xx / timed out stays out this long
+  CACHEROUTE_EJECT_AFTER (3)                ... after this many such failures in a row
+  CACHEROUTE_MAX_EJECTED_FRACTION (0.5)     passive ejection keeps at least the other share in rotation
+  CACHEROUTE_CONNECT_TIMEOUT (3)            seconds to connect to an engine (then one retry elsewhere)
 """
 
 from __future__ import annotations
@@ -104,6 +107,9 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     h.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "32768", int))
     h.add_argument("--upstream-timeout", type=float, default=env_number("UPSTREAM_TIMEOUT", "600", float))
     h.add_argument("--eject-seconds", type=float, default=env_number("EJECT_SECONDS", "5", float))
+    h.add_argument("--eject-after", type=int, default=env_number("EJECT_AFTER", "3", int))
+    h.add_argument("--max-ejected-fraction", type=float, default=env_number("MAX_EJECTED_FRACTION", "0.5", float))
+    h.add_argument("--connect-timeout", type=float, default=env_number("CONNECT_TIMEOUT", "3", float))
     args = parser.parse_args(argv)
     if args.workers < 0:
         parser.error("--workers must be >= 0 (0 = one per core)")
@@ -117,6 +123,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         parser.error("--key-blocks and --key-tokens must be >= 1")
     if not (0 < args.poll_timeout and 0 < args.poll_interval):
         parser.error("--poll-interval and --poll-timeout must be > 0")
+    if args.eject_after < 1 or not 0.0 <= args.max_ejected_fraction <= 1.0 or not args.connect_timeout > 0:
+        parser.error("--eject-after must be >= 1, --max-ejected-fraction in [0, 1], --connect-timeout > 0")
     try:
         budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst)
     except ValueError as exc:
@@ -128,7 +136,9 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         parser.error(f"--api-key-file: {exc}")
     http = HttpConfig(host=args.host, port=args.http_port, max_body_bytes=args.http_max_body_bytes,
                       max_output_tokens=args.max_output_tokens, upstream_timeout=args.upstream_timeout,
-                      eject_seconds=args.eject_seconds, key_tokens=args.key_tokens)
+                      eject_seconds=args.eject_seconds, eject_after=args.eject_after,
+                      max_ejected_fraction=args.max_ejected_fraction, connect_timeout=args.connect_timeout,
+                      key_tokens=args.key_tokens)
     if args.worker_index is not None:   # one of several workers on shared ports
         server = dataclasses.replace(server, reuse_port=True, announce="worker serving")
         http = dataclasses.replace(http, reuse_port=True)

@@ -29,12 +29,20 @@ Errors, all `{"error": {"message", "type", "param", "code"}}` with a one-line me
   429 / 4xx an engine's own client error, passed through unchanged
   503 no healthy replica
   502 the engine answered 5xx, refused the connection or closed it mid-response
-  504 no bytes from the engine for `upstream_timeout` seconds
-A replica that answered 5xx, timed out or broke a connection is taken out of rotation
-at once and kept out for `eject_seconds` (default 5) even if its /health says OK, then
-returns with its next good poll. A connection refused before any byte was sent (the
-engine is gone) is retried once on another replica, like gRPC Generate. After a stream's
-headers went out an error arrives as a final SSE `data: {"error": ...}` event.
+  504 no bytes from the engine for `upstream_timeout` seconds, or no connection within
+      `connect_timeout` seconds on two replicas
+Passive ejection (outlier detection, after Envoy's: consecutive failures, a cap on the share
+ejected). A replica that answered 5xx, timed out or broke a connection `eject_after` times in
+a row (default 3; any answer below 500 resets the count) is taken out of rotation and kept
+out for `eject_seconds` (default 5) even if its /health says OK, then returns with its next
+good poll. Passive ejection never takes out more than `max_ejected_fraction` of the replicas
+(default 0.5, at least one): on an overloaded machine it is the dispatcher that misses its
+deadlines, every replica looks slow at once, and ejecting them all would turn a slow cluster
+into one that answers only 503 (issue 12 measured exactly that). A dead engine still leaves:
+a refused connection ejects at once, without the cap, and the health poll takes it out. A
+connection that is refused or not accepted within `connect_timeout` (nothing was sent) is
+retried once on another replica, like gRPC Generate. After a stream's headers went out an
+error arrives as a final SSE `data: {"error": ...}` event.
 
 A client that disconnects cancels its handler (aiohttp `handler_cancellation`), which
 closes the upstream connection (HTTP engines abort the request) or cancels the Generate
@@ -81,12 +89,19 @@ class HttpConfig:
     upstream_timeout: float = 600.0       # seconds without a byte from the engine -> 504
     connect_timeout: float = 3.0
     eject_seconds: float = 5.0
+    eject_after: int = 3                  # consecutive failures before a replica is ejected
+    max_ejected_fraction: float = 0.5     # passive ejection's cap on the share of replicas out
     key_tokens: int = routing.DEFAULT_KEY_TOKENS
     reuse_port: bool = False              # share the port with sibling worker processes (SO_REUSEPORT)
 
 
 class _Retry(Exception):
-    """The engine was unreachable before anything was sent to the client: try another replica."""
+    """The engine was unreachable before anything was sent to the client: try another replica.
+    `status`/`code`: the error the client gets if the second replica fails the same way."""
+
+    def __init__(self, message: str, status: int = 502, code: str = "engine_unreachable") -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
 
 
 class FrontDoor:
@@ -100,6 +115,7 @@ class FrontDoor:
         self.usage = usage
         self.serving = True
         self.session: aiohttp.ClientSession | None = None
+        self._failures = [0] * len(router.ids)      # consecutive failures by replica (passive ejection)
         self._models: tuple[float, list] = (0.0, [])
         self._timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout,
                                               sock_read=config.upstream_timeout)
@@ -221,7 +237,10 @@ class FrontDoor:
             except NoHealthyReplica:
                 raise oai.ApiError(503, "no healthy replica", "service_unavailable", "no_healthy_replica") from None
             i = pick.replica
-            served = (key, now, prompt_tokens)
+            # every request with a text-derived key shares its first key_tokens tokens: the shared
+            # prefix the planner's switching rule prices (a header key's prefix is not known: 0)
+            shared = 0 if header_key else min(prompt_tokens, self.config.key_tokens)
+            served = (key, now, prompt_tokens, shared)
             headers = {"x-cacheroute-replica": self.router.ids[i],
                        "x-cacheroute-plan-version": str(self.router.plan_version),
                        "x-cacheroute-reason": REASONS[pick.reason]}
@@ -234,8 +253,8 @@ class FrontDoor:
             except _Retry as why:
                 avoid = i
                 if attempt == 1:
-                    error = oai.ApiError(502, f"replica {self.router.ids[i]}: {why}", "upstream_error",
-                                         "engine_unreachable")
+                    error = oai.ApiError(why.status, f"replica {self.router.ids[i]}: {why}",
+                                         "timeout" if why.status == 504 else "upstream_error", why.code)
                     error.headers = headers
                     raise error from None
             except oai.ApiError as error:
@@ -245,9 +264,23 @@ class FrontDoor:
                 self.router.stream_closed(i)
         raise AssertionError("unreachable")
 
-    def _eject(self, i: int, why: str) -> None:
+    def _eject(self, i: int, why: str, *, at_once: bool = False) -> None:
+        """One failure of replica `i`; ejects it on the `eject_after`-th in a row (`at_once`:
+        the engine refused the connection) within the cap on ejected replicas (module header)."""
         self._upstream.labels(self.router.ids[i], self.backends[i].kind).inc()
-        self.monitor.mark_down(i, why, hold=self.config.eject_seconds)
+        self._failures[i] += 1
+        if not at_once:
+            if self._failures[i] < self.config.eject_after:
+                return
+            cap = max(1, int(len(self._failures) * self.config.max_ejected_fraction))
+            if self.monitor.ejected() >= cap:
+                return
+        self._failures[i] = 0
+        reason = why if at_once else f"{why} ({self.config.eject_after} failures in a row)"
+        self.monitor.mark_down(i, reason, hold=self.config.eject_seconds)
+
+    def _answered(self, i: int) -> None:
+        self._failures[i] = 0
 
     # ------------------------------------------------------------ HTTP engines
 
@@ -262,12 +295,16 @@ class FrontDoor:
         try:
             up_cm = self.session.post(backend.base_url + path, data=body, timeout=self._timeout, headers=_JSON)
             upstream = await up_cm.__aenter__()
+        except aiohttp.ConnectionTimeoutError:
+            self._eject(i, "connect timed out")
+            raise _Retry(f"accepted no connection within {self.config.connect_timeout:g}s", 504,
+                         "engine_timeout") from None
         except asyncio.TimeoutError:
             self._eject(i, "timed out")
             raise oai.ApiError(504, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
                                "timeout", "engine_timeout") from None
         except aiohttp.ClientConnectorError as exc:
-            self._eject(i, "connection refused")
+            self._eject(i, "connection refused", at_once=True)
             raise _Retry(f"unreachable ({type(exc).__name__})") from None
         except aiohttp.ClientError as exc:
             self._eject(i, type(exc).__name__)
@@ -289,6 +326,7 @@ class FrontDoor:
                 pass
             self._eject(i, f"answered {status}")
             raise oai.ApiError(502, f"replica {rid} answered HTTP {status}", "upstream_error", "engine_error")
+        self._answered(i)
         if status == 200:
             self.router.record_arrival(*served)
         if not req.stream or status != 200 or not ctype.startswith("text/event-stream"):
@@ -414,7 +452,7 @@ class FrontDoor:
                 self._eject(i, "timed out")
                 error = oai.ApiError(504, f"replica {rid} timed out", "timeout", "engine_timeout")
             else:
-                self._eject(i, code.name)
+                self._eject(i, code.name, at_once=code == grpc.StatusCode.UNAVAILABLE)
                 if code == grpc.StatusCode.UNAVAILABLE and resp is None and not texts:
                     raise _Retry(code.name) from None
                 error = oai.ApiError(502, f"replica {rid} failed: {code.name}", "upstream_error", "engine_error")
@@ -424,6 +462,7 @@ class FrontDoor:
             return resp
         finally:
             call.cancel()
+        self._answered(i)
         figures = oai.usage(prompt, emitted, cached)
         if not req.stream:
             return web.Response(body=render.full("".join(texts), "length", figures),

@@ -97,6 +97,11 @@ class ReplicaMonitor:
             return
         self._set(i, True, "OK")
 
+    def ejected(self) -> int:
+        """Replicas held out of rotation by `mark_down(..., hold)` right now."""
+        now = time.monotonic()
+        return sum(1 for until in self._held_until if until > now)
+
     def mark_down(self, i: int, why: str, hold: float = 0.0) -> None:
         if hold > 0:
             self._held_until[i] = max(self._held_until[i], time.monotonic() + hold)

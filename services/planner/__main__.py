@@ -14,6 +14,9 @@ Environment variables (flags override them):
                                                    (nested windows of the buckets; 0: the last window only)
   CACHEROUTE_RATE_HISTORY (min(max(3 x horizon, window), retention))  longest span that EWMA reads, seconds
   CACHEROUTE_INCREMENTAL (1)                       churn-aware re-planning when available (0: from scratch)
+  CACHEROUTE_COLD_HOMES (1)                        a churn-aware plan admits a new key on its cold-tail ring home
+                                                   (where the dispatchers' CHWBL tail has been sending it) when
+                                                   balance allows (services.core.replan.ring_homes)
   CACHEROUTE_SWITCH_KNOBS ("")                     switching-rule knobs NAME=VALUE,... (services.core.switching)
   CACHEROUTE_PLANNER_ID (hostname-pid)             lease holder name
   CACHEROUTE_LEASE_TTL (15)                        planner lease TTL, seconds (renewed every TTL/3)
@@ -93,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="1: churn-aware re-planning when available (default 1)")
     g.add_argument("--prefix-nodes", type=int, choices=(0, 1), default=env_number("PREFIX_NODES", "0", int),
                    help="1: prefix-aware plans (env CACHEROUTE_PREFIX_NODES, default 0)")
+    g.add_argument("--cold-homes", type=int, choices=(0, 1), default=env_number("COLD_HOMES", "1", int),
+                   help="1: admit new keys on the replica the dispatchers' CHWBL cold tail sends them to, when "
+                        "balance allows (env CACHEROUTE_COLD_HOMES, default 1)")
     g.add_argument("--switch-knobs", default=env("SWITCH_KNOBS", ""),
                    help="switching-rule knobs NAME=VALUE,... (env CACHEROUTE_SWITCH_KNOBS)")
     g.add_argument("--planner-id", default=env("PLANNER_ID", f"{socket.gethostname()}-{os.getpid()}"),
@@ -191,7 +197,8 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
                       interval=args.interval, window_seconds=args.window, incremental=bool(args.incremental),
                       switching=switching_config(parse_knobs(args.switch_knobs)), planner_id=args.planner_id,
                       lease_ttl=args.lease_ttl, keep_versions=args.keep_versions, max_moves=args.max_moves or None,
-                      rate_horizon=horizon, rate_history=history, prefix=bool(args.prefix_nodes))
+                      rate_horizon=horizon, rate_history=history, prefix=bool(args.prefix_nodes),
+                      cold_homes=bool(args.cold_homes))
     return PlannerConfig(server=server_config("planner", args), loop=loop, redis_url=args.redis,
                          key_prefix=args.key_prefix, telemetry=telemetry_from_args(args), auto=bool(args.auto),
                          gate=gate_from_args(args), replica_addresses={r.id: r.address for r in replicas if r.address},

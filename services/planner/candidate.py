@@ -5,7 +5,10 @@
 
 1. build: churn-aware from the active plan (`replan_incremental`) when asked, else LPT from
    scratch with the active plan as parent. Building comes first, so input the core refuses
-   (a ValueError: INVALID_ARGUMENT) does not use up a version number;
+   (a ValueError: INVALID_ARGUMENT) does not use up a version number. With `grow_in_dwell`
+   (the control loop), a churn-aware build inside the switching rule's dwell makes no
+   rebalancing moves (unless the replica set changed, which the rule takes anyway), so the candidate only grows the active plan and the rule may take it
+   before the dwell ends (services.core.switching, "Growth within the dwell");
 2. check (optional): refusals the caller can tell from the control state read before the
    build (BuildPlan: the CAS and pin its activation would meet), also before a version is used;
 3. version: the store's next version number;
@@ -33,7 +36,7 @@ from typing import Any, Awaitable, Callable, Generic, Mapping, Sequence, TypeVar
 
 from services.core.plan import Plan, SwitchDecision
 from services.core.planning import build_plan, with_churn
-from services.core.replan import replan_incremental
+from services.core.replan import build_at_home, replan_incremental, ring_homes
 from services.core.switching import SwitchConfig, decide_switch
 from services.model import ControlState, RatesSnapshot
 from services.store import Store
@@ -69,11 +72,14 @@ class BuildInputs:
 
 
 def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, created_at: float,
-                    incremental: bool, max_moves: int | None = None, prefix: bool = False) -> Plan:
+                    incremental: bool, max_moves: int | None = None, prefix: bool = False,
+                    cold_homes: bool = False) -> Plan:
     """A candidate: churn-aware from `active` when asked and possible (at most `max_moves`
     rebalancing moves; None: unbounded), else LPT from scratch. `prefix`: the prefix-aware,
     sticky plan (services.core.prefixes.build_prefix_plan; the simulator's cacheroute-prefix),
-    with the window's available and achieved hit rates in `extra`."""
+    with the window's available and achieved hit rates in `extra`. `cold_homes`: new keys start on
+    their cold-tail ring home when balance allows (services.core.replan.ring_homes), in a
+    churn-aware build and in a first plan (`build_at_home`)."""
     if prefix:
         from services.core.prefixes import build_prefix_plan
 
@@ -88,9 +94,14 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
         return plan
     if incremental and active is not None:
         plan = replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
-                                  inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves)
+                                  inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves,
+                                  homes=ring_homes(len(inputs.replica_ids)) if cold_homes else None)
         plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
         return with_churn(plan, active) if plan.churn is None else plan
+    if cold_homes and active is None:
+        return build_at_home(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
+                             ring_homes(len(inputs.replica_ids)), version=version, created_at=created_at,
+                             rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
     return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
                       version=version, parent=active, created_at=created_at,
                       rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
@@ -114,20 +125,26 @@ class Proposal(Generic[T]):
 async def propose(store: Store, inputs: BuildInputs, *, now: float, incremental: bool,
                   max_moves: int | None, switching: SwitchConfig | None, activate: ActivateStep[T],
                   check: CheckStep | None = None, review: ReviewStep | None = None,
-                  prefix: bool = False) -> Proposal[T]:
+                  prefix: bool = False, grow_in_dwell: bool = False, cold_homes: bool = False) -> Proposal[T]:
     """Build, [check], version, decide, [review], store and activate one candidate (module header)."""
     state, active = await store.get_active_plan()
     last = await store.history(1)
+    last_switch_at = last[0].at if last else 0.0
+    if (grow_in_dwell and incremental and active is not None
+            and set(active.replica_ids) == set(inputs.replica_ids)     # else the rule switches anyway
+            and now - last_switch_at < (switching or SwitchConfig()).min_dwell_seconds):
+        max_moves = 0
     started = time.perf_counter()
     plan = await asyncio.to_thread(build_candidate, inputs, active, version=0, created_at=now,
-                                   incremental=incremental, max_moves=max_moves, prefix=prefix)
+                                   incremental=incremental, max_moves=max_moves, prefix=prefix,
+                                   cold_homes=cold_homes)
     built = time.perf_counter() - started
     if check is not None:
         check(state)
     plan = dataclasses.replace(plan, version=await store.next_version())
     started = time.perf_counter()
     decision = await asyncio.to_thread(decide, active, plan, inputs, now=now,
-                                       last_switch_at=last[0].at if last else 0.0, config=switching)
+                                       last_switch_at=last_switch_at, config=switching)
     built += time.perf_counter() - started
     plan = dataclasses.replace(plan, decision=decision)
     verdict = None

@@ -95,6 +95,7 @@ class LoopConfig:
     rate_horizon: float | None = None     # EWMA horizon of per-key rates (None: the last window only)
     rate_history: float = 0.0             # longest telemetry span the EWMA reads (<= retention)
     prefix: bool = False                  # prefix-aware plans from the collector's prefix-node counts
+    cold_homes: bool = True               # admit new keys on their cold-tail ring home (replan_incremental)
 
 
 @dataclass
@@ -250,7 +251,8 @@ class ControlLoop:
 
         done = await propose(store, inputs, now=now, incremental=cfg.incremental, max_moves=cfg.max_moves,
                              switching=cfg.switching, activate=activate, prefix=cfg.prefix,
-                             review=gate if self.gate is not None else None)
+                             review=gate if self.gate is not None else None, grow_in_dwell=True,
+                             cold_homes=cfg.cold_homes)
         plan, outcome = done.plan, done.outcome
         self.counters.built(plan, done.build_seconds)
         self._hit_rates = {k: plan.extra[k] for k in ("available_hit_rate", "achieved_hit_rate") if k in plan.extra}

@@ -188,7 +188,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             return planner_pb2.BuildPlanResponse(plan=answer, activated=activated)
 
         done = await propose(self.store, inputs, now=now, incremental=request.incremental, max_moves=None,
-                             switching=self.loop.config.switching, check=check, review=review, activate=activate)
+                             switching=self.loop.config.switching, check=check, review=review, activate=activate,
+                             cold_homes=self.loop.config.cold_homes and not request.rates)
         return done.outcome
 
     async def _build_inputs(self, request: planner_pb2.BuildPlanRequest, now: float) -> BuildInputs:

@@ -122,11 +122,19 @@ class Store(abc.ABC):
         `refused`), the other replicas' records are counted; nothing overflows int64."""
 
     @abc.abstractmethod
+    async def mark_telemetry_start(self, now: float) -> float:
+        """Record that telemetry collection began at `now` unless a start is recorded already
+        (the first call wins, so a collector restart keeps it); returns the recorded start."""
+
+    @abc.abstractmethod
     async def window_rates(self, now: float, window_seconds: float) -> RatesSnapshot:
         """Per-key arrival rates over the buckets covering [now - window, now] (the current,
         partial bucket included): counts divided by the span from the first bucket's start to
         `now`, which is between window and window + one bucket, so rates are unbiased for a
-        steady stream. The snapshot id is stable for the same buckets and counts.
+        steady stream. If telemetry began later than that start (`mark_telemetry_start`), the
+        span starts there: a window collection has filled for 10 s of its 60 divides by 10 s
+        (issue 12: the planner's first plans saw every rate at a sixth of its value and sized
+        k_b by that). The snapshot id is stable for the same buckets and counts.
         InvalidArgument for a window beyond the retention."""
 
     @abc.abstractmethod

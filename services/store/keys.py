@@ -35,6 +35,10 @@ class Keys:
         """A key of telemetry bucket `idx`: n, pt, xt, gaps, log, v or seen:BATCH."""
         return f"{self.prefix}:{{tb:{idx}}}:{name}"
 
+    def telemetry_since(self) -> str:
+        """When telemetry collection began (`Store.mark_telemetry_start`)."""
+        return f"{self.prefix}:{{telemetry}}:since"
+
     def cache(self, name: str) -> str:
         """A cache-counter key: b:IDX, total or seen:BATCH."""
         return f"{self.prefix}:{{cache}}:{name}"

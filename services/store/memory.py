@@ -54,6 +54,7 @@ class MemoryStore(Store):
         super().__init__(telemetry)
         self._clock = clock
         self._buckets: dict[int, dict[str, dict[str, list]]] = {}
+        self._since: float | None = None
         self._seen: dict[str, float] = {}                      # marker -> expiry
         self._cache_b: dict[int, dict[str, list[int]]] = {}
         self._cache_total: dict[str, list[int]] = {}
@@ -161,9 +162,17 @@ class MemoryStore(Store):
                 out[field] = out.get(field, 0) + n
         return out
 
+    async def mark_telemetry_start(self, now: float) -> float:
+        self._check()
+        if self._since is None:
+            self._since = float(now)
+        return self._since
+
     async def window_rates(self, now: float, window_seconds: float) -> RatesSnapshot:
         self._check()
         first, last, start = window_buckets(now, window_seconds, self.telemetry)
+        if self._since is not None and self._since < now:
+            start = max(start, self._since)
         totals: dict[str, list[int]] = {}
         untracked = 0
         for i in range(first, last + 1):

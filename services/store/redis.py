@@ -282,6 +282,12 @@ class RedisStore(Store):
                 pipe.hgetall(name)
             return await pipe.execute()
 
+    async def mark_telemetry_start(self, now: float) -> float:
+        key = self.keys.telemetry_since()
+        async with self._guard():
+            await self._redis.set(key, repr(float(now)), nx=True)
+            return float(await self._redis.get(key))
+
     async def window_rates(self, now: float, window_seconds: float) -> RatesSnapshot:
         # Buckets whose token is unchanged since the last read come from the cache. The token
         # is read before the hashes in one pipeline, so a write racing the read can only make
@@ -295,8 +301,8 @@ class RedisStore(Store):
 
         def read() -> RatesSnapshot:
             r = self._blocking()
-            names = [self._tb(i, "v") for i in idxs]
-            tokens = r.mget_nonatomic(names) if self._cluster else r.mget(names)
+            names = [self._tb(i, "v") for i in idxs] + [self.keys.telemetry_since()]
+            *tokens, since = r.mget_nonatomic(names) if self._cluster else r.mget(names)
             stale = [(i, t) for i, t in zip(idxs, tokens) if t is None or not cache.fresh(i, t)]
             pipe = r.pipeline(transaction=False)
             for i in idxs:
@@ -309,7 +315,8 @@ class RedisStore(Store):
             rows = replies[len(idxs):]
             for j, (i, token) in enumerate(stale):
                 cache.put(i, token, *rows[3 * j:3 * j + 3])
-            return snapshot_columns(first, last, start, now, *cache.columns(idxs), untracked)
+            span_start = start if since is None or float(since) >= now else max(start, float(since))
+            return snapshot_columns(first, last, span_start, now, *cache.columns(idxs), untracked)
 
         async with self._window_lock, self._guard():
             return await asyncio.to_thread(read)

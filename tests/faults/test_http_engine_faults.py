@@ -38,12 +38,20 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_t
 
 
 def faulty_app(mode: str) -> web.Application:
+    served = [0]
+
     async def health(request):
         return web.json_response({"status": "ok"})
 
     async def complete(request):
         await request.read()
-        if mode == "500":
+        served[0] += 1
+        if mode == "flaky" and served[0] % 2 == 0:     # every other request is answered
+            return web.json_response({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                                   "finish_reason": "stop"}],
+                                      "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+        if mode in ("500", "flaky"):
             return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
         if mode == "hang":
             await asyncio.sleep(3600)
@@ -91,7 +99,8 @@ def test_an_engine_error_or_hang_is_answered_promptly_and_the_replica_leaves_rot
     async def main():
         fleet = await EngineFleet(1, prefix="e", time_scale=0.01, http=True).start()
         bad = await start_http(faulty_app(mode), "127.0.0.1", 0)
-        service = await dispatcher_for(f"openai+{bad.url}", f"vllm+{fleet.http_url(0)}", upstream_timeout=1.0)
+        service = await dispatcher_for(f"openai+{bad.url}", f"vllm+{fleet.http_url(0)}", upstream_timeout=1.0,
+                                       eject_after=1)
         try:
             async with aiohttp.ClientSession() as session:
                 got, headers, data, seconds = await post(session, service.http_url, BODY)
@@ -111,7 +120,7 @@ def test_a_connection_closed_mid_stream_ends_the_stream_with_an_error_event():
     async def main():
         fleet = await EngineFleet(1, time_scale=0.01, http=True).start()
         bad = await start_http(faulty_app("close"), "127.0.0.1", 0)
-        service = await dispatcher_for(f"openai+{bad.url}", f"vllm+{fleet.http_url(0)}")
+        service = await dispatcher_for(f"openai+{bad.url}", f"vllm+{fleet.http_url(0)}", eject_after=1)
         try:
             client = openai.AsyncOpenAI(base_url=service.http_url + "/v1", api_key="none", max_retries=0,
                                         default_headers={"x-cacheroute-key": "k"})
@@ -128,6 +137,42 @@ def test_a_connection_closed_mid_stream_ends_the_stream_with_an_error_event():
         finally:
             await service.stop(0)
             await bad.stop()
+            await fleet.stop()
+
+    asyncio.run(main())
+
+
+def test_ejection_takes_failures_in_a_row_and_never_empties_the_rotation():
+    """Defaults (eject_after 3, max_ejected_fraction 0.5): a replica failing every other
+    request is never ejected (each answer resets its count); one failing three in a row is;
+    with both replicas answering 500 only one of the two leaves rotation, so the dispatcher
+    keeps answering 502 (the engine's failure), not 503 for everything."""
+    async def main():
+        bad = [await start_http(faulty_app("500"), "127.0.0.1", 0) for _ in range(2)]
+        flaky = await start_http(faulty_app("flaky"), "127.0.0.1", 0)
+        fleet = await EngineFleet(1, prefix="e", time_scale=0.01, http=True).start()
+        mixed = await dispatcher_for(f"openai+{bad[0].url}", f"vllm+{fleet.http_url(0)}")
+        wobbly = await dispatcher_for(f"openai+{flaky.url}", f"vllm+{fleet.http_url(0)}")
+        both = await dispatcher_for(f"openai+{bad[0].url}", f"openai+{bad[1].url}")
+        both.router.set_plan(hand_plan(2, ("e0", "e1"), {"k": (0,), "j": (1,)}), flat=False, source="test")
+        try:
+            async with aiohttp.ClientSession() as session:
+                statuses = [(await post(session, wobbly.http_url, BODY))[0] for _ in range(6)]
+                assert statuses == [502, 200] * 3 and wobbly.router.state.healthy[0], statuses
+
+                for n in range(3):
+                    assert (await post(session, mixed.http_url, BODY))[0] == 502
+                    assert mixed.router.state.healthy[0] == (n < 2), f"after {n + 1} failure(s) in a row"
+                await served_by_e1(mixed, session)
+
+                statuses = [(await post(session, both.http_url, BODY, key=k))[0] for _ in range(4) for k in "kj"]
+                assert statuses == [502] * 8, statuses
+                assert sum(both.router.state.healthy) == 1, "passive ejection emptied half or more"
+        finally:
+            for service in (mixed, wobbly, both):
+                await service.stop(0)
+            for server in (*bad, flaky):
+                await server.stop()
             await fleet.stop()
 
     asyncio.run(main())

@@ -184,16 +184,24 @@ def test_cache_telemetry_of_http_engines_reaches_the_collector(redis_url):
                             model="m", messages=messages("acme", str(turn)), max_tokens=2, stream=True):
                         pass
             await client.close()
+            plain = openai.AsyncOpenAI(base_url=service.http_url + "/v1", api_key="none", max_retries=0)
+            for turn in range(2):      # no key header: the key is the text's first key_tokens tokens
+                await plain.chat.completions.create(model="m", messages=messages("acme", f"plain {turn}"), max_tokens=2)
+            await plain.close()
             await service.http.sender.flush()
             await service.reporter.flush()
 
             async def landed():
                 totals = await store.cache_totals()
-                return sum(c.requests for c in totals.values()) == 4 and sum(c.cached_tokens for c in totals.values()) > 0
+                return sum(c.requests for c in totals.values()) == 6 and sum(c.cached_tokens for c in totals.values()) > 0
 
             await wait_until(landed, timeout=5)
             rates = await store.window_rates(time.time(), 60)
-            assert rates.keys == ("tenant-7",) and rates.total_arrivals == 4
+            assert "tenant-7" in rates.keys and len(rates.keys) == 2 and rates.total_arrivals == 6
+            by_key = dict(zip(rates.keys, zip(rates.mean_prompt_tokens, rates.mean_prefix_tokens)))
+            assert by_key.pop("tenant-7")[1] == 0                    # a header key's shared prefix is unknown
+            (prompt, prefix), = by_key.values()                      # a text key shares its first key_tokens
+            assert prompt > 0 and prefix == min(prompt, service.config.http.key_tokens), (prompt, prefix)
         finally:
             await service.stop(0)
             await store.close()

@@ -62,6 +62,26 @@ def test_window_rates_count_arrivals_per_key(make_store):
     assert snap.total_arrivals == 42
 
 
+def test_a_window_telemetry_has_filled_in_part_divides_by_the_part(make_store):
+    """Collection began 10 s ago: a 60 s window's rates are over those 10 s, not 60; the first
+    start recorded stays (a collector restart keeps it); without a start, the whole window."""
+    async def scenario(store):
+        arrivals = [ArrivalRecord("k", T0 + 50.0 + i * 0.5, 10, 5) for i in range(20)]
+        await store.record_arrivals("b1", arrivals)
+        unmarked = await store.window_rates(T0 + 60.0, 60.0)
+        first = await store.mark_telemetry_start(T0 + 50.0)
+        again = await store.mark_telemetry_start(T0 + 55.0)
+        young = await store.window_rates(T0 + 60.0, 60.0)
+        later = await store.window_rates(T0 + 200.0, 60.0)
+        return unmarked, first, again, young, later
+
+    unmarked, first, again, young, later = run(make_store, scenario)
+    assert unmarked.window_seconds == pytest.approx(60.0) and unmarked.rates == pytest.approx((20 / 60,))
+    assert first == again == T0 + 50.0
+    assert young.window_seconds == pytest.approx(10.0) and young.rates == pytest.approx((2.0,))
+    assert later.window_seconds == pytest.approx(60.0) and later.keys == ()
+
+
 def test_window_excludes_old_buckets_and_snapshot_id_tracks_content(make_store):
     async def scenario(store):
         await store.record_arrivals("old", [ArrivalRecord("k", T0 - 100.0, 1, 1)])

@@ -178,3 +178,58 @@ def test_repair_errors():
         repair_plan(active, ["q"], version=2)
     with pytest.raises(ValueError, match="no replica survives"):
         repair_plan(active, ["x", "y"], version=2)
+
+
+def test_new_keys_are_admitted_on_their_cold_tail_home_when_balance_allows():
+    """Tenants first served by the CHWBL cold tail keep that replica when the plan admits them;
+    without `homes` they go least-loaded first, mostly elsewhere. Balance stays within the
+    rebalancing limit either way."""
+    import random
+
+    from services.core.policies.chwbl import ChwblPolicy
+    from services.core.policy import ClusterState
+    from services.core.replan import ring_homes
+
+    ids = [f"e{i}" for i in range(8)]
+    keys = [f"tenant-{i}" for i in range(400)]
+    rates = np.random.default_rng(4).lognormal(0.0, 1.65, len(keys))
+    rates *= 25.0 / rates.sum()
+    young = build_plan(keys, np.where(np.arange(len(keys)) % 4 == 0, rates, 0.0), ids, 20.0, 64, version=1)
+    homes = ring_homes(len(ids))
+    cold = ChwblPolicy(len(ids), rng=random.Random(0))          # what the dispatchers' cold tail does, idle
+    assert all(homes(k) == cold.choose(k, ClusterState.empty(len(ids))) for k in keys)
+
+    with_homes = replan_incremental(young, keys, rates, ids, 20.0, 64, version=2, max_moves=0, homes=homes)
+    without = replan_incremental(young, keys, rates, ids, 20.0, 64, version=2, max_moves=0)
+    new = [k for k in with_homes.table if k not in young.table]
+    at_home = sum(with_homes.table[k][0] == homes(k) for k in new)
+    by_load = sum(without.table[k][0] == homes(k) for k in new)
+    # 25 req/s on 8 replicas of q_cap 20: every replica is below half its knee (home_rho 0.5)
+    assert at_home == len(new) and by_load < 0.3 * len(new), (at_home, by_load, len(new))
+    for key, row in young.table.items():                          # anchors untouched
+        assert with_homes.table[key] == row
+    limit = sum(with_homes.expected_load) / 8 * with_homes.extra["scratch_imbalance"] * 1.05
+    assert max(with_homes.expected_load) <= max(limit, 0.5 * 20.0) + 1e-9
+
+
+def test_a_first_plan_at_home_is_balanced_like_lpt():
+    from services.core.replan import build_at_home, ring_homes
+
+    """Near the knee (150 req/s on 8 replicas of q_cap 20) balance rules: the imbalance stays
+    within 5% of LPT's and most keys still start at home; at low load (30 req/s) every key does,
+    no replica above half its knee."""
+    ids = [f"e{i}" for i in range(8)]
+    keys = [f"tenant-{i}" for i in range(300)]
+    shape = np.random.default_rng(5).lognormal(0.0, 1.65, len(keys))
+    homes = ring_homes(len(ids))
+    rates = shape * (150.0 / shape.sum())
+    lpt = build_plan(keys, rates, ids, 20.0, 64, version=1)
+    home = build_at_home(keys, rates, ids, 20.0, 64, homes, version=1)
+    assert home.builder == "home" and home.parent_version == 0 and set(home.table) == set(lpt.table)
+    assert home.predicted_imbalance <= lpt.predicted_imbalance * 1.05 + 1e-9
+    assert sum(home.table[k][0] == homes(k) for k in home.table) >= 0.6 * len(home.table)   # 191 of 300
+    assert sum(lpt.table[k][0] == homes(k) for k in lpt.table) < 0.3 * len(lpt.table)
+
+    rates = shape * (30.0 / shape.sum())
+    home = build_at_home(keys, rates, ids, 20.0, 64, homes, version=1)
+    assert all(home.table[k][0] == homes(k) for k in home.table) and max(home.expected_load) <= 10.0 + 1e-9

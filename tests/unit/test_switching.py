@@ -10,8 +10,8 @@ import pytest
 
 from services.core.planning import build_plan
 from services.core.replan import replan_incremental
-from services.core.switching import (SwitchConfig, decide_switch, loads_under, overload, queueing, rewarm_penalty,
-                                     staleness_penalty)
+from services.core.switching import (SwitchConfig, decide_switch, grows_only, loads_under, overload, queueing,
+                                     rewarm_penalty, staleness_penalty)
 
 IDS = [f"r{i}" for i in range(8)]
 KEYS = [f"k{i}" for i in range(2000)]
@@ -62,6 +62,43 @@ def test_new_hot_keys_switch():
     # the same shift, but too soon after the last switch
     early = decide(active, shifted, now=100.0, last=50.0)
     assert not early.switch and "dwell" in early.reason
+
+
+def test_a_young_plan_grows_within_the_dwell():
+    """A plan built from the first seconds of traffic knows a quarter of the keys; the rest
+    arrive. A candidate that only adds them passes the cost rule before the dwell ends; the same
+    traffic with rebalancing moves (warm keys moved) waits for the dwell."""
+    keys = [f"t{i}" for i in range(400)]
+    rates = np.random.default_rng(3).lognormal(0.0, 1.65, len(keys))
+    rates *= 50.0 / rates.sum()
+    seen = np.zeros(len(keys))
+    seen[::4] = rates[::4]
+    ids = [f"e{i}" for i in range(8)]
+    young = build_plan(keys, seen, ids, 20.0, 64, version=1)
+    assert len(young.table) == 100
+    grown = replan_incremental(young, keys, rates, ids, 20.0, 64, version=2, max_moves=0)
+    assert len(grown.table) == 400 and grows_only(young, grown)
+    d = decide_switch(young, grown, dict(zip(keys, rates.tolist())), 2200.0, now=30.0, last_switch_at=10.0)
+    assert d.switch and "growth only" in d.reason, d.reason
+
+    moved = dict(grown.table)
+    warm = next(k for k in young.table if len(young.table[k]) == 1)
+    moved[warm] = ((young.table[warm][0] + 1) % 8,)
+    shuffled = dataclasses.replace(grown, table=moved)
+    assert not grows_only(young, shuffled)
+    d = decide_switch(young, shuffled, dict(zip(keys, rates.tolist())), 2200.0, now=30.0, last_switch_at=10.0)
+    assert not d.switch and "dwell" in d.reason
+
+
+def test_grows_only_allows_shrinking_not_dropping():
+    ids = ["a", "b", "c"]
+    active = build_plan(["x", "y", "z"], [50.0, 1.0, 1.0], ids, 20.0, 4)
+    assert len(active.table["x"]) == 3
+    table = dict(active.table)
+    table["x"] = table["x"][:2]          # k_b shrank: a subset of its replicas
+    assert grows_only(active, dataclasses.replace(active, table=table))
+    del table["z"]                       # dropped: its traffic moves to its cold-tail replica
+    assert not grows_only(active, dataclasses.replace(active, table=table))
 
 
 def count_switches(config: SwitchConfig) -> int:
