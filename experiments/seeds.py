@@ -37,6 +37,8 @@ SETS = {
     # (d) with correlated bursts: one 90 s window of a 10 s-dwell MMPP offers far from its nominal
     # mean (seed 0: 119 at 100, 382 at 250), so more draws matter here; seed 0 is burst-mmpp itself
     "burst-mmpp": ("burst-mmpp", "flat,sglang,cacheroute", "20,50,75,100,125,150,175,200,225,250,275,300", 100.0),
+    # the replayed Azure arrivals are the same for every seed; keys, lengths and policy draws change
+    "burst-azure": ("burst-azure", "flat,sglang,cacheroute", "20,50,75,100,125,150,175,200,225,250,275,300", 100.0),
 }
 SEEDS = (0, 1, 2)
 
