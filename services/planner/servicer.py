@@ -115,8 +115,12 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             if not (request.known_version and request.known_version == state.active_version):
                 for update in await self._updates(state, "initial", request.include_table, budget):
                     yield update
+            seen = (state.active_version, state.mode)
             while True:
                 state, event = await updates.get()
+                if (state.active_version, state.mode) == seen:   # the hub catching up on what this
+                    continue                                     # stream started from: no change
+                seen = (state.active_version, state.mode)
                 for update in await self._updates(state, event, request.include_table, budget):
                     yield update
 
