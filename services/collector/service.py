@@ -14,8 +14,8 @@ from prometheus_client import Counter, Gauge
 
 from services.collector.ingest import IngestCounters, Ingestor
 from services.collector.servicer import CollectorServicer
-from services.rpc import RpcMetrics, RunningServer, ServerConfig, kv, start_server
 from services.errors import Unavailable
+from services.rpc import RpcMetrics, RunningServer, ServerConfig, kv, start_server
 from services.store import Store, TelemetryConfig, open_store
 
 log = logging.getLogger("cacheroute.collector")

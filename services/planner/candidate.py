@@ -7,8 +7,9 @@
    scratch with the active plan as parent. Building comes first, so input the core refuses
    (a ValueError: INVALID_ARGUMENT) does not use up a version number. With `grow_in_dwell`
    (the control loop), a churn-aware build inside the switching rule's dwell makes no
-   rebalancing moves (unless the replica set changed, which the rule takes anyway), so the candidate only grows the active plan and the rule may take it
-   before the dwell ends (services.core.switching, "Growth within the dwell");
+   rebalancing moves (unless the replica set changed, which the rule takes anyway), so the
+   candidate only grows the active plan and the rule may take it before the dwell ends
+   (services.core.switching, "Growth within the dwell");
 2. check (optional): refusals the caller can tell from the control state read before the
    build (BuildPlan: the CAS and pin its activation would meet), also before a version is used;
 3. version: the store's next version number;
