@@ -43,6 +43,7 @@ from pathlib import Path
 import grpc
 
 from cacheroute.v1 import dispatcher_pb2, dispatcher_pb2_grpc
+from procs import stop
 from services.localredis import RedisProcess
 from services.planner.candidate import BuildInputs, build_candidate, decide
 from services.stack import parse_serving_line
@@ -152,15 +153,6 @@ def drain(proc: subprocess.Popen) -> None:
         for _ in proc.stderr:
             pass
     threading.Thread(target=run, daemon=True).start()
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 def rss_mib(pid: int) -> float:
@@ -282,7 +274,7 @@ async def run_one(n_keys: int, args: argparse.Namespace) -> dict:
             await store.close()
         finally:
             for p in procs:
-                stop(p)
+                stop(p, grace=15.0)   # a dispatcher holding a million-key plan takes longer to exit
             await writer.close()
     return {"keys": n_keys, "fill": args.fill, "fields": fields, "fill_s": fill_s, "intervals": results,
             "rss_before": rss0, "rss_first": rss1, "rss_last": rss2}

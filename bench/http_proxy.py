@@ -45,6 +45,7 @@ from pathlib import Path
 
 import aiohttp
 
+from procs import highest_passing_rate, pct, spawn, stop
 from services.localredis import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,20 +56,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def spawn(module: str, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", module, "--metrics-port", "-1", "--log-level", "WARNING", *args]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 async def wait_healthy(session: aiohttp.ClientSession, url: str, timeout: float = 60.0) -> None:
@@ -104,18 +91,7 @@ async def one(session: aiohttp.ClientSession, url: str, data: bytes) -> tuple[fl
                     first = time.perf_counter() - start
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return None
-    return (first if first is not None else math_nan()), time.perf_counter() - start
-
-
-def math_nan() -> float:
-    return float("nan")
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+    return (first if first is not None else float("nan")), time.perf_counter() - start
 
 
 async def run_block(session, urls: list[str], rate: float, seconds: float, first_id: int):
@@ -171,14 +147,18 @@ async def run_rate(session, direct_urls: list[str], proxy_url: str, rate: float,
     return results, errors, lags, cpu, wall
 
 
-async def main(args) -> dict:
-    engines, dispatcher = [], None
+def start_engines(args) -> tuple[list[subprocess.Popen], list[int], list[str]]:
+    """args.engines simulated engines: the processes, their gRPC ports and HTTP base URLs."""
     http_ports = [free_port() for _ in range(args.engines)]
     grpc_ports = [free_port() for _ in range(args.engines)]
-    for i in range(args.engines):
-        engines.append(spawn("services.engine", "--port", str(grpc_ports[i]), "--http-port", str(http_ports[i]),
-                             "--replica-id", f"e{i}", "--time-scale", str(args.time_scale)))
-    engine_urls = [f"http://127.0.0.1:{p}" for p in http_ports]
+    engines = [spawn("services.engine", "--port", str(g), "--http-port", str(h), "--replica-id", f"e{i}",
+                     "--time-scale", str(args.time_scale)) for i, (g, h) in enumerate(zip(grpc_ports, http_ports))]
+    return engines, grpc_ports, [f"http://127.0.0.1:{p}" for p in http_ports]
+
+
+async def main(args) -> dict:
+    dispatcher = None
+    engines, grpc_ports, engine_urls = start_engines(args)
     if args.kind == "cacheroute":
         replicas = ",".join(f"e{i}=127.0.0.1:{p}" for i, p in enumerate(grpc_ports))
     else:
@@ -235,13 +215,7 @@ async def load_only(url: str, rate: float, seconds: float) -> dict:
 
 
 async def sweep_workers(args) -> None:
-    engines = []
-    http_ports = [free_port() for _ in range(args.engines)]
-    grpc_ports = [free_port() for _ in range(args.engines)]
-    for i in range(args.engines):
-        engines.append(spawn("services.engine", "--port", str(grpc_ports[i]), "--http-port", str(http_ports[i]),
-                             "--replica-id", f"e{i}", "--time-scale", str(args.time_scale)))
-    engine_urls = [f"http://127.0.0.1:{p}" for p in http_ports]
+    engines, _, engine_urls = start_engines(args)
     replicas = ",".join(f"e{i}={args.kind}+{u}" for i, u in enumerate(engine_urls))
     best: dict[int, float] = {}
     print(f"HTTP proxy vs dispatcher worker processes: kind {args.kind}, {args.engines} simulated engines, "
@@ -260,8 +234,8 @@ async def sweep_workers(args) -> None:
                 try:
                     await wait_healthy(session, url)
                     await asyncio.sleep(1.0)
-                    rate, misses, best[n] = args.sweep_from, 0, 0.0
-                    while misses < 2 and rate <= args.sweep_to:
+
+                    def passes(rate: float) -> bool:   # the load generator in its own process
                         out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--load", url,
                                               "--load-rate", str(rate), "--seconds", str(args.seconds)],
                                              cwd=ROOT, capture_output=True, text=True, timeout=args.seconds * 10 + 60)
@@ -269,11 +243,9 @@ async def sweep_workers(args) -> None:
                         ok = r["errors"] == 0 and r["p99_ms"] <= args.p99_ms and r["achieved"] >= 0.95 * rate
                         print(f"{n:7d} {rate:6.0f} {r['achieved']:9.0f} {r['errors']:5d} {r['p50_ms']:7.2f} "
                               f"{r['p99_ms']:7.2f} {r['lag_p99_ms']:8.2f}{'' if ok else ' over'}")
-                        if ok:
-                            best[n], misses = rate, 0
-                        else:
-                            misses += 1
-                        rate *= 1.25
+                        return ok
+
+                    best[n] = highest_passing_rate(passes, args.sweep_from, args.sweep_to)
                 finally:
                     stop(d)
     finally:

@@ -45,26 +45,13 @@ from grpc_health.v1.health import aio as health_aio
 
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
 from services.core.plan import Plan
+from procs import highest_passing_rate, pct, spawn, stop
 from services.localredis import RedisProcess, free_port
 from services.store import RedisStore
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLICAS = 4
 KEYS = 128
-
-
-def spawn(module: str, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", module, "--metrics-port", "-1", "--log-level", "WARNING", *args]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 async def wait_serving(address: str, timeout: float = 30.0) -> None:
@@ -108,11 +95,6 @@ async def serve_bare(port: int) -> None:
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def open_loop(address: str, keys: list[str], rate: float, seconds: float) -> dict[str, float]:
@@ -337,17 +319,15 @@ async def run_workers(args: argparse.Namespace) -> None:
             try:
                 await wait_serving(address)
                 await asyncio.sleep(1.5)
-                rate, misses, best[n] = args.sweep_from, 0, 0.0
-                while misses < 2 and rate <= args.sweep_to:
+
+                def passes(rate: float) -> bool:
                     r = run_load(address, rate, args.seconds, args.channels)
                     ok = r["errors"] == 0 and r["p99_ms"] <= args.p99_ms and r["achieved_rps"] >= 0.95 * rate
                     print(f"{n:7d} {rate:6.0f} {r['achieved_rps']:9.0f} {r['errors']:5d} {r['p50_ms']:7.2f} "
                           f"{r['p99_ms']:7.2f} {'' if ok else ' over'}")
-                    if ok:
-                        best[n], misses = rate, 0
-                    else:
-                        misses += 1
-                    rate *= 1.25
+                    return ok
+
+                best[n] = highest_passing_rate(passes, args.sweep_from, args.sweep_to)
             finally:
                 stop(proc)
         for n, rate in best.items():
