@@ -99,3 +99,30 @@ def test_every_pick_is_healthy_and_planned_picks_respect_the_bound(load, healthy
     if any(healthy[m] for m in members):           # (no healthy member: P2C fallback, unbounded)
         assert load[pick.replica] + 1 <= bound(c, load, healthy, floor)
         assert (pick.reason is Reason.PLANNED) == (pick.replica in members)
+
+
+def test_cold_tail_keeps_a_key_at_home_below_the_floor():
+    """The cold tail's bound has the planned path's floor: at low load a cold key stays on its ring
+    home even while a few of its own requests are in flight there (without the floor the bound is
+    ceil(1.25 x 2 / 8) = 1 here and the second request would go elsewhere)."""
+    p = make_policy("cacheroute", R)                  # no plan: every key is cold
+    home = next(Ring(R).walk("tenant-0"))
+    load = [0] * R
+    load[home] = 1
+    assert p.pick(request("tenant-0"), state_with(load)) == (home, Reason.COLD)
+    load[home] = 7                                    # 7 + 1 <= floor 8
+    assert p.pick(request("tenant-0"), state_with(load)).replica == home
+    load[home] = 8                                    # past the floor: the next replica on the ring
+    nxt = [r for r in Ring(R).walk("tenant-0")][1]
+    assert p.pick(request("tenant-0"), state_with(load)) == (nxt, Reason.COLD)
+
+
+def test_cold_tail_is_chwbl_above_the_floor():
+    p = make_policy("cacheroute", R, spill_floor=0)
+    for key in ("a", "b", "tenant-3"):
+        walk = list(Ring(R).walk(key))
+        load = [10] * R
+        load[walk[0]] = 14                                  # bound ceil(1.25 x 85 / 8) = 14: 14 + 1 > 14
+        assert p.pick(request(key), state_with(load)) == (walk[1], Reason.COLD)
+        load[walk[0]] = 13
+        assert p.pick(request(key), state_with(load)) == (walk[0], Reason.COLD)

@@ -19,7 +19,8 @@ spilled prefix stays warm there; the least-loaded healthy replica always meets t
 (c >= 1), so the walk ends.
 
 Knobs: `cold` = "chwbl" (default: the session-aware cold tail, consistent hashing with
-bounded loads, so a recurring cold key tends to return to the replica that has its prefix)
+bounded loads, so a recurring cold key tends to return to the replica that has its prefix;
+its bound has the same `spill_floor` as the planned path, see `_cold`)
 or "p2c" (the paper's cold tail). Default chosen on measurements (docs/experiments.md,
 "Session-aware cold tail"): with the guard on it ties P2C on the flagship, where the
 bootstrap plan admits every key, and raises the hit rate on both Mooncake traces, where
@@ -46,8 +47,7 @@ from itertools import compress
 from typing import Mapping
 
 from services.core.policies._common import Ring, least_loaded, p2c
-from services.core.policies.chwbl import ChwblPolicy
-from services.core.policy import ClusterState, Pick, Reason
+from services.core.policy import ClusterState, NoHealthyReplica, Pick, Reason
 from services.core.prefixes import NODE_DEPTHS, NODE_SHARE, parse_node_name
 from services.core.request import Request
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL
@@ -78,7 +78,8 @@ class CacheRoutePolicy:
         self.cold = cold
         self.flat_fallback = flat_fallback
         self._rng = rng
-        self._cold_ring = ChwblPolicy(replicas, rng=rng) if cold == "chwbl" else None
+        # the cold tail's balance factor: the guard's, or CHWBL's own 1.25 with the guard off
+        self._cold_c = balance_factor if balance_factor is not None else BALANCE_FACTOR
         self._table: Mapping[str, tuple[int, ...]] = {}
         self.prefix = prefix
         if balance not in BALANCES:
@@ -127,8 +128,8 @@ class CacheRoutePolicy:
             if members is not None:
                 return self._pick_node(request.key, members, state)
         if members is None:
-            if self._cold_ring is not None:
-                return Pick(self._cold_ring.choose(request.key, state), Reason.COLD)
+            if self.cold == "chwbl":
+                return Pick(self._cold(request.key, state), Reason.COLD)
             return Pick(p2c(self._rng, state), Reason.COLD)
         best = least_loaded(members, state)
         if best is None:
@@ -203,6 +204,25 @@ class CacheRoutePolicy:
             return math.inf
         total = sum(load) if live == len(load) else sum(compress(load, healthy))
         return max(self.spill_floor, math.ceil(c * (total + 1) / live))
+
+    def _cold(self, key: str, state: ClusterState) -> int:
+        """The cold tail: the first healthy replica on the key's ring (the same ring in every
+        dispatcher, and the one `ring_homes` admits keys on) whose in-flight count stays within
+        the bound max(spill_floor, ceil(c x (total + 1) / live)). The floor is what keeps one
+        user's sequential requests at home at low load: without it the bound is 1 when the
+        cluster is nearly idle, so a single request in flight at home (or a count one poll
+        stale) sends the next one elsewhere (issue 23: tenant 0 landed on engines 1, 3, 4, 1).
+        Near the knee the floor is far below c x mean and the rule is CHWBL's."""
+        healthy, load = state.healthy, state.in_flight
+        live = healthy.count(True)
+        if not live:
+            raise NoHealthyReplica("no healthy replica")
+        total = sum(load) if live == len(load) else sum(compress(load, healthy))
+        bound = max(self.spill_floor, math.ceil(self._cold_c * (total + 1) / live))
+        for r in self._spill_ring.walk(key):
+            if healthy[r] and load[r] + 1 <= bound:
+                return r
+        return least_loaded(range(len(load)), state)      # unreachable for c >= 1
 
     def _node_members(self, request) -> tuple[int, ...] | None:
         """Members of the deepest planned prefix node on the request's chain, if that node covers
