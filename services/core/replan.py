@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from itertools import chain, repeat
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
@@ -230,10 +231,13 @@ def _anchor_rows(active: Plan, replica_ids: Sequence[str], keys: Sequence[str]) 
     index = {rid: i for i, rid in enumerate(replica_ids)}
     remap = np.array([index.get(rid, -1) for rid in active.replica_ids] + [-1], dtype=np.int64)
     gone = len(active.replica_ids)                      # remap[gone] == -1: no row
-    old = list(map(active.table.get, keys))
+    old = list(map(active.table.get, keys, repeat(())))
     m = len(keys)
-    lens = np.fromiter((len(r) if r is not None else 0 for r in old), dtype=np.int64, count=m)
-    first = np.fromiter((r[0] if r else gone for r in old), dtype=np.int64, count=m)
+    lens = np.fromiter(map(len, old), dtype=np.int64, count=m)
+    flat = np.fromiter(chain.from_iterable(old), dtype=np.int64, count=int(lens.sum()))
+    first = np.full(m, gone, dtype=np.int64)
+    has = lens > 0
+    first[has] = flat[(np.cumsum(lens) - lens)[has]]
     one = remap[first]
     one[lens != 1] = -1
     lost = (lens == 1) & (one < 0)
@@ -244,7 +248,7 @@ def _anchor_rows(active: Plan, replica_ids: Sequence[str], keys: Sequence[str]) 
         kept = tuple(sorted(int(remap[i]) for i in row if remap[i] >= 0))
         rows.set(p, kept)
         lost[p] = len(kept) < len(row)
-    return _Anchors(rows, lens > 0, lost)
+    return _Anchors(rows, has, lost)
 
 
 def _churn(anchors: _Anchors, rows: _Rows, lam: np.ndarray, admitted: float) -> float:
