@@ -22,7 +22,10 @@ class BucketCache:
         entry = self.buckets.get(idx)
         return entry is not None and entry[0] == token
 
-    def put(self, idx: int, token: bytes | None, n: dict, pt: dict, xt: dict) -> None:
+    def put(self, idx: int, token: bytes | None, n: dict, pt: dict, xt: dict,
+            sealed: tuple[list[bytes], np.ndarray] | None = None) -> None:
+        """Bucket `idx` as read under `token`: its count hashes, plus the sealed blob's keys and
+        (m, 3) counts when it has one (a sealed bucket's hashes hold only late arrivals)."""
         keys = list(n)
         if list(pt) == keys and list(xt) == keys:   # written together, so normally aligned
             cols = [n.values(), pt.values(), xt.values()]
@@ -31,12 +34,24 @@ class BucketCache:
             cols = [[h.get(k, 0) for k in keys] for h in (n, pt, xt)]
         ints = [list(map(int, c)) for c in cols]
         big = any(c and max(c) >= self.LIMIT for c in ints)
-        index = self.index
-        for k in [k for k in keys if k not in index]:
-            index[k] = len(index)
-        ids = np.fromiter(map(index.__getitem__, keys), dtype=np.int64, count=len(keys))
+        ids = self._ids(keys)
         values = np.array(ints, dtype=object if big else np.int64).T.reshape(len(keys), 3)
+        if sealed is not None and len(sealed[0]):
+            s_ids, s_values = self._ids(sealed[0]), sealed[1]
+            if not len(ids):
+                ids, values = s_ids, s_values
+            else:       # sum the two parts per key
+                both = np.concatenate((s_ids, ids))
+                ids, inverse = np.unique(both, return_inverse=True)
+                big = big or int(s_values.max(initial=0)) + int(values.max(initial=0)) >= self.LIMIT
+                merged = np.zeros((len(ids), 3), dtype=object if big else np.int64)
+                np.add.at(merged, inverse, np.concatenate((s_values.astype(merged.dtype), values.astype(merged.dtype))))
+                values = merged
         self.buckets[idx] = (token, ids, values)
+
+    def _ids(self, keys: list[bytes]) -> np.ndarray:
+        index = self.index
+        return np.fromiter((index.setdefault(k, len(index)) for k in keys), dtype=np.int64, count=len(keys))
 
     def totals(self, idxs: range) -> dict[str, tuple[int, int, int]]:
         """Sums over the window's buckets, by key; buckets outside it are dropped."""
