@@ -74,7 +74,8 @@ for s = 0, n - 1, 500 do
   redis.call('HSET', KEYS[2], unpack(b))
   redis.call('HSET', KEYS[3], unpack(c))
 end
-redis.call('SET', KEYS[4], ARGV[#ARGV])
+redis.call('SET', KEYS[4], ARGV[#ARGV], 'EX', 7200)
+for k = 1, 3 do redis.call('EXPIRE', KEYS[k], 7200) end
 return n
 """
 

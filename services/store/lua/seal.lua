@@ -7,8 +7,14 @@
 -- Returns 1 when sealed, 0 when a write raced the read (nothing changed).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local ttl = redis.call('PTTL', KEYS[1])
-if ttl <= 0 then return 0 end
-redis.call('SET', KEYS[5], ARGV[2], 'PX', ttl)
-redis.call('SET', KEYS[6], ARGV[3], 'PX', ttl)
+if ttl == -1 then             -- a bucket written without expiry (not by this store) keeps none
+  redis.call('SET', KEYS[5], ARGV[2])
+  redis.call('SET', KEYS[6], ARGV[3])
+elseif ttl > 0 then
+  redis.call('SET', KEYS[5], ARGV[2], 'PX', ttl)
+  redis.call('SET', KEYS[6], ARGV[3], 'PX', ttl)
+else
+  return 0
+end
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
 return 1
