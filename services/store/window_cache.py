@@ -50,8 +50,12 @@ class BucketCache:
         self.buckets[idx] = (token, ids, values)
 
     def _ids(self, keys: list[bytes]) -> np.ndarray:
+        """Ids of one bucket's (distinct) keys, new keys appended to the index."""
         index = self.index
-        return np.fromiter((index.setdefault(k, len(index)) for k in keys), dtype=np.int64, count=len(keys))
+        new = [k for k in keys if k not in index]
+        if new:
+            index.update(zip(new, range(len(index), len(index) + len(new))))
+        return np.fromiter(map(index.__getitem__, keys), dtype=np.int64, count=len(keys))
 
     def totals(self, idxs: range) -> dict[str, tuple[int, int, int]]:
         """Sums over the window's buckets, by key; buckets outside it are dropped."""
