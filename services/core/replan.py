@@ -59,8 +59,7 @@ def ring_homes(replicas: int) -> Callable[[str], int]:
     """key -> the replica the dispatchers' CHWBL cold tail sends it to while loads are within its
     bound: the first owner on the same ring (services.core.policies.chwbl, 160 vnodes), by index
     into the replica list the dispatchers and the plan share."""
-    ring = Ring(replicas, 160)
-    return lambda key: next(ring.walk(key))
+    return Ring(replicas, 160).first      # the first owner clockwise: what walk() yields first
 
 
 def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float] | np.ndarray,
@@ -312,9 +311,27 @@ def _place_anchored(order: Sequence[str], lam: np.ndarray, k: np.ndarray, anchor
         changed[p] = True
     heap = [(load, r) for r, load in enumerate(loads)]
     heapq.heapify(heap)
-    pop, push = heapq.heappop, heapq.heappush
-    for p in short.tolist():
+    pop, push, swap = heapq.heappop, heapq.heappush, heapq.heapreplace
+    bare = (src.one == -1) & (k == 1)            # new one-replica keys: the common case, inline
+    for p, alone in zip(short.tolist(), bare[short].tolist()):
         s = share_l[p]
+        if alone:
+            if homes is not None:
+                home = homes(order[p])
+                if 0 <= home < replicas and loads[home] + s <= limit:
+                    loads[home] += s
+                    push(heap, (loads[home], home))
+                    one[p] = home
+                    changed[p] = True
+                    continue
+            while heap[0][0] != loads[heap[0][1]]:
+                pop(heap)                     # stale
+            r = heap[0][1]
+            loads[r] += s
+            swap(heap, (loads[r], r))
+            one[p] = r
+            changed[p] = True
+            continue
         row = rows.row(p)
         have = set(row)
         if homes is not None and not row:
