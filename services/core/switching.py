@@ -111,7 +111,6 @@ class _View:
         self.table = plan.table.copy()     # a dict: a mappingproxy's `in` is several times slower
         self.keys = list(self.table)
         self.rows = list(self.table.values())
-        n = len(self.rows)
         self.lens, self.one = _first_of(self.rows)
 
     def rates(self, rates: Mapping[str, float]) -> np.ndarray:
@@ -123,13 +122,23 @@ class _View:
                                dtype=np.float64, count=len(self.keys))
         return np.full(len(self.keys), float(prefix_tokens), dtype=np.float64)
 
-    def contains(self, other: "_View") -> np.ndarray:
-        """Which of `other`'s keys this table holds."""
-        return np.fromiter(map(self.table.__contains__, other.keys), dtype=bool, count=len(other.keys))
 
-    def rows_of(self, other: "_View") -> list:
-        """This table's rows for `other`'s keys (() where absent)."""
-        return list(map(self.table.get, other.keys, repeat(())))
+
+@dataclass(slots=True)
+class _Align:
+    """Where each key of one table sits in the other (-1: absent), from one dict lookup pass."""
+
+    c_in_a: np.ndarray      # per candidate key: its position in the active table, or -1
+    a_in_c: np.ndarray      # per active key: its position in the candidate table, or -1
+
+    @classmethod
+    def of(cls, a: _View, c: _View) -> "_Align":
+        index = dict(zip(a.keys, range(len(a.keys))))
+        c_in_a = np.fromiter(map(index.get, c.keys, repeat(-1)), dtype=np.int64, count=len(c.keys))
+        a_in_c = np.full(len(a.keys), -1, dtype=np.int64)
+        hit = np.flatnonzero(c_in_a >= 0)
+        a_in_c[c_in_a[hit]] = hit
+        return cls(c_in_a, a_in_c)
 
 
 def _first_of(rows: list) -> tuple[np.ndarray, np.ndarray]:
@@ -206,6 +215,7 @@ class _Pair:
 
     active: _View
     candidate: _View
+    align: _Align
     lam_a: np.ndarray
     lam_c: np.ndarray
     tok_a: np.ndarray
@@ -217,15 +227,15 @@ class _Pair:
            prefix_tokens: Mapping[str, float] | float, config: "SwitchConfig") -> "_Pair":
         a, c = _View(active), _View(candidate)
         total = _fsum(np.fromiter(rates.values(), dtype=np.float64, count=len(rates)))
-        return cls(a, c, a.rates(rates), c.rates(rates), a.tokens(prefix_tokens, config),
+        return cls(a, c, _Align.of(a, c), a.rates(rates), c.rates(rates), a.tokens(prefix_tokens, config),
                    c.tokens(prefix_tokens, config), total)
 
 
 def _staleness(pair: _Pair, prefix_tokens: Mapping[str, float] | float, config: SwitchConfig) -> Staleness:
     a, cv = pair.active, pair.candidate
     c = config.prefill_seconds_per_token
-    c_in_a = a.contains(cv)
-    a_in_c = cv.contains(a)
+    c_in_a = pair.align.c_in_a >= 0
+    a_in_c = pair.align.a_in_c >= 0
     gained = _fsum(pair.lam_c[~c_in_a] * pair.tok_c[~c_in_a])
     lost = _fsum(pair.lam_a[~a_in_c] * pair.tok_a[~a_in_c])
     cache = (gained - lost) * c
@@ -253,12 +263,14 @@ def _new_owners(pair: _Pair) -> np.ndarray:
     """Per candidate key: how many of its replicas (by id) did not serve it in the active plan."""
     a, cv = pair.active, pair.candidate
     remap = _remap(a.plan, cv.plan)
-    before = a.rows_of(cv)
-    b_len, b_one = _first_of(before)
+    where = pair.align.c_in_a
+    found = where >= 0
+    b_len = np.where(found, a.lens[where], 0)
+    b_one = np.where(found, a.one[where], -1)
     mapped = remap[b_one]                           # b_one == -1 -> remap[-1] == -1
     out = np.where((b_len == 1) & (mapped == cv.one), 0, 1).astype(np.int64)
     for p in np.flatnonzero((cv.one < 0) | (b_len > 1)).tolist():
-        old = {int(remap[i]) for i in before[p]}
+        old = {int(remap[i]) for i in a.rows[where[p]]} if found[p] else set()
         out[p] = len(set(cv.rows[p]) - old)
     return out
 
@@ -278,17 +290,17 @@ def rewarm_penalty(active: Plan, candidate: Plan, rates: Mapping[str, float],
     return _rewarm(_Pair.of(active, candidate, rates, prefix_tokens, config), config)
 
 
-def _grows_only(a: _View, cv: _View) -> bool:
-    after = cv.rows_of(a)
-    c_len, c_one = _first_of(after)
-    if (c_len == 0).any():              # a key of the active plan dropped
+def _grows_only(a: _View, cv: _View, align: _Align) -> bool:
+    where = align.a_in_c
+    if (where < 0).any():               # a key of the active plan dropped
         return False
+    c_one = cv.one[where]
     remap = _remap(a.plan, cv.plan)
     single = (a.one >= 0) & (c_one >= 0)
     if not (remap[a.one[single]] == c_one[single]).all():   # one replica each: subset means equal
         return False
     for p in np.flatnonzero(~single).tolist():
-        old, new = {int(remap[i]) for i in a.rows[p]}, set(after[p])
+        old, new = {int(remap[i]) for i in a.rows[p]}, set(cv.rows[where[p]])
         if -1 in old:                # a replica the candidate lacks: only new <= old can hold
             if not new <= old - {-1}:
                 return False
@@ -300,7 +312,8 @@ def _grows_only(a: _View, cv: _View) -> bool:
 def grows_only(active: Plan, candidate: Plan) -> bool:
     """True when `candidate` moves no traffic of `active` to a replica that did not serve it:
     every key of `active` keeps all its replicas or a subset of them (by replica id)."""
-    return _grows_only(_View(active), _View(candidate))
+    a, c = _View(active), _View(candidate)
+    return _grows_only(a, c, _Align.of(a, c))
 
 
 def decide_switch(active: Plan | None, candidate: Plan, rates: Mapping[str, float],
@@ -326,7 +339,7 @@ def decide_switch(active: Plan | None, candidate: Plan, rates: Mapping[str, floa
     dwell = now - last_switch_at
     growth = ""
     if dwell < config.min_dwell_seconds:
-        if not _grows_only(pair.active, pair.candidate):
+        if not _grows_only(pair.active, pair.candidate, pair.align):
             return decision(False, f"dwell {dwell:.0f} s < {config.min_dwell_seconds:.0f} s since the last switch")
         growth = f" (growth only, within the {config.min_dwell_seconds:.0f} s dwell)"
     cost_of_keeping = stale.total * config.horizon_seconds
