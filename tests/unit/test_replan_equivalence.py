@@ -157,3 +157,13 @@ def test_no_rates_and_empty_plans():
         new, old = _decisions(empty, empty, rates, 100.0, 1000.0, 0.0)
         assert new == old
         assert math.isfinite(new.staleness_penalty)
+
+
+def test_an_empty_candidate_against_a_full_active_plan():
+    keys, rates, _ = workload(300, 5)
+    active = build_plan(keys, rates, IDS, 1.0, 100, version=1)
+    empty = dataclasses.replace(active, version=2, table={}, rates={})
+    rate_map = dict(zip(keys, rates.tolist()))
+    for a, c in ((active, empty), (empty, active)):
+        new, old = _decisions(a, c, rate_map, {keys[0]: 10.0}, 1000.0, 0.0)
+        assert new == old
