@@ -26,6 +26,14 @@ churn-aware re-planner; this is ours.
      others cost their rate); if none does, the largest share, free keys first.
 Knob: `tolerance` (default 0.05: imbalance within 5% of from-scratch LPT), `max_moves`.
 
+Speed (a control interval re-plans every admitted key): the steps run over columns of the
+admitted keys, in admission order: rows as one int64 array (`_Rows`: the replica of a
+one-replica row, -1 for none, -2 for a row of several kept beside it), loads summed with
+np.add.at in the per-key loop's order (so every float is the loop's), the fill from a heap of
+(load, replica) with stale entries skipped, each rebalancing move ranked over the top
+replica's keys in arrays, churn from the columns. Results equal the per-key version
+(tests/reference/replan_v1.py) key for key and bit for bit (tests/unit/test_replan_equivalence.py).
+
 `build_at_home` (builder "home"): a first plan for a cluster whose cold tail has been serving
 the traffic: `replan_incremental` from an empty plan, so every key starts on its home when
 that stays within the limit, and rebalancing (every key is new, so every move is free) brings
@@ -41,8 +49,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from itertools import chain, repeat
 from dataclasses import dataclass, replace
+from itertools import chain, repeat
 from typing import Callable, Mapping, Sequence
 
 import numpy as np

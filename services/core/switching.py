@@ -51,6 +51,12 @@ latency knee, below the replica's true throughput, so the curve is already steep
 the engine's p99 starts to climb; Poisson arrivals dominate the variability of a batched
 engine's queue. Sources: Kleinrock, Queueing Systems vol. 1 (M/M/1 L_q = rho^2/(1-rho)).
 
+Speed: the rule reads both tables in columns (`_View`, aligned once by `_Align`): loads by
+np.add.at in table order and the placed rate by a left-to-right cumsum (the per-key loop's
+floats), the fsum terms by exact_sum (= math.fsum), per-key new-owner counts and grows_only
+over index arrays, Python only for rows of several replicas. The figures equal the per-key
+version's (tests/reference/switching_v1.py; tests/unit/test_replan_equivalence.py).
+
 Why hysteresis 1.0: S is measured on the same noisy rates the candidate was built from, so
 pure measurement noise already shows a gain (winner's curse). On 2,000 keys / R = 8 with
 incremental candidates, S * horizon / W measured 0.7-1.2 for alternating log-rate noise of

@@ -1,6 +1,12 @@
 """The store on Redis: `RedisStore` (redis.asyncio; one Lua script, services/store/lua/, for
 every conditional multi-key step; key layout Redis Cluster compatible, services/store/keys.py).
 
+Telemetry windows in columns: a window read seals every closed bucket it fetched into one blob
+(keys once, counts as a packed int64 array; services/store/keys.py `seal_blob`, lua/seal.lua,
+only if no write came since), so Redis holds about 40 bytes per key and bucket instead of three
+hash fields, and a cold read is one GET per closed bucket and a numpy merge. The open bucket
+and late arrivals into a sealed one stay hashes (HINCRBY), folded in by the next read.
+
 When Redis is unreachable every call raises `services.errors.Unavailable` with one line
 (`redis unavailable at HOST:PORT: ...`); the next call reconnects (one immediate retry on a
 broken pooled connection).

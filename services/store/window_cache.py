@@ -1,5 +1,7 @@
 """The Redis store's cache of window sums: a window read re-fetches only the buckets whose
-write token changed since its last read (services/store/keys.py, `P:{tb:IDX}:v`)."""
+write token changed since its last read (services/store/keys.py, `P:{tb:IDX}:v`). A bucket
+is its count hashes plus, once sealed (services/store/lua/seal.lua), its blob's keys and
+packed counts; the two parts are summed per key."""
 
 from __future__ import annotations
 
