@@ -128,7 +128,7 @@ def snapshot_columns(first: int, last: int, start: float, now: float, keys: list
         order = live[np.lexsort((np.array(live_keys, dtype=bytes), -n[live]))] if live_keys else live
     else:   # counts past int64, or keys numpy's fixed-width bytes would truncate: plain Python
         order = np.array(sorted(live.tolist(), key=lambda i: (-int(n[i]), keys[i])), dtype=np.int64)
-    ranked = [keys[i] for i in order.tolist()]
+    ranked = np.array(keys, dtype=object)[order].tolist() if len(order) else []   # a gather, not a loop
     counts = n[order]
     digest = hashlib.blake2b(digest_size=6)
     joined = b"\0".join(ranked)
