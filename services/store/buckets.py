@@ -115,16 +115,19 @@ def snapshot(first: int, last: int, start: float, now: float, totals: dict[str, 
 
 
 def snapshot_columns(first: int, last: int, start: float, now: float, keys: list[bytes],
-                      acc: np.ndarray, untracked: int = 0) -> RatesSnapshot:
+                      acc: np.ndarray, untracked: int = 0, rank: np.ndarray | None = None) -> RatesSnapshot:
     """The snapshot of per-key (n, prompt, prefix) sums, `acc[i]` for `keys[i]`: keys with
     arrivals, hottest first, ties by key (bytewise, i.e. code-point order). Sorting and
-    dividing are numpy (a million-key window); the id hashes the ranked keys and counts."""
+    dividing are numpy (a million-key window); the id hashes the ranked keys and counts.
+    `rank` (optional): rank[i] = keys[i]'s position in bytewise order over all `keys`."""
     span = max(now - start, 1e-9)
     n = acc[:, 0]
     live = np.flatnonzero(n > 0)
     live_keys = keys if len(live) == len(keys) else [keys[i] for i in live.tolist()]
     plain = b"".join(live_keys).find(b"\0") < 0
-    if acc.dtype != object and plain:
+    if acc.dtype != object and plain and rank is not None:
+        order = live[np.lexsort((rank[live], -n[live]))]
+    elif acc.dtype != object and plain:
         order = live[np.lexsort((np.array(live_keys, dtype=bytes), -n[live]))] if live_keys else live
     else:   # counts past int64, or keys numpy's fixed-width bytes would truncate: plain Python
         order = np.array(sorted(live.tolist(), key=lambda i: (-int(n[i]), keys[i])), dtype=np.int64)

@@ -332,7 +332,8 @@ class RedisStore(Store):
             for i, token in seal:
                 self._seal(r, i, token, names)
             span_start = start if since is None or float(since) >= now else max(start, float(since))
-            return snapshot_columns(first, last, span_start, now, *cache.columns(idxs), untracked)
+            keys, acc = cache.columns(idxs)
+            return snapshot_columns(first, last, span_start, now, keys, acc, untracked, cache.key_rank(keys))
 
         async with self._window_lock, self._guard():
             return await asyncio.to_thread(read)

@@ -18,6 +18,9 @@ class BucketCache:
 
     def __init__(self) -> None:
         self.index: dict[bytes, int] = {}
+        self._by_key: np.ndarray | None = None   # ids of the first `_sorted` index keys, bytewise order
+        self._sorted = 0
+        self._plain = True                       # no indexed key contains NUL (fixed-width sorting is exact)
         self.buckets: dict[int, tuple[bytes | None, np.ndarray, np.ndarray]] = {}   # idx -> token, ids, (m, 3)
 
     def fresh(self, idx: int, token: bytes) -> bool:
@@ -81,8 +84,36 @@ class BucketCache:
             acc[ids] += values          # ids are distinct within a bucket
         return list(self.index), acc
 
+    def key_rank(self, keys: list[bytes]) -> np.ndarray | None:
+        """rank[id]: each indexed key's position in bytewise order (`keys` = list(index)), kept
+        between reads: keys added since the last call are sorted alone and merged in
+        (searchsorted), so a steady read does not sort the whole window again. None when a key
+        contains NUL (numpy's fixed-width bytes would not order it exactly)."""
+        n = len(keys)
+        if self._plain and n > self._sorted:
+            fresh = keys[self._sorted:]
+            if b"".join(fresh).find(b"\0") >= 0:
+                self._plain = False
+            else:
+                new_ids = np.arange(self._sorted, n, dtype=np.int64)
+                new_keys = np.array(fresh, dtype=bytes)
+                by = np.argsort(new_keys, kind="stable")
+                if self._by_key is None or not len(self._by_key):
+                    self._by_key = new_ids[by]
+                else:
+                    old_keys = np.array(keys[:self._sorted], dtype=bytes)[self._by_key]
+                    at = np.searchsorted(old_keys, new_keys[by], side="left")   # keys are distinct
+                    self._by_key = np.insert(self._by_key, at, new_ids[by])
+                self._sorted = n
+        if not self._plain:
+            return None
+        rank = np.empty(n, dtype=np.int64)
+        rank[self._by_key] = np.arange(n, dtype=np.int64)
+        return rank
+
     def _compact(self) -> None:
         """Drop keys no cached bucket holds (keys churn; the index must not grow forever)."""
+        self._by_key, self._sorted, self._plain = None, 0, True
         keys = list(self.index)
         used = sorted({int(i) for _, ids, _ in self.buckets.values() for i in ids.tolist()})
         remap = np.full(len(keys), -1, dtype=np.int64)

@@ -112,3 +112,19 @@ def test_the_key_cap_counts_sealed_keys(redis_url):
 
     snap = asyncio.run(main())
     assert len(snap.keys) == 50 and snap.untracked_arrivals == 20 and snap.total_arrivals == 70
+
+
+def test_the_cached_key_order_follows_the_index_as_it_grows():
+    from services.store.window_cache import BucketCache
+
+    rng = np.random.default_rng(3)
+    cache = BucketCache()
+    for step in range(6):        # keys arrive in batches, some shorter prefixes of others
+        fresh = [("k" * int(rng.integers(1, 4)) + str(int(x))).encode() for x in rng.integers(0, 10**6, 200)]
+        fresh += [b"k", b"kk"] if step == 2 else []
+        cache._ids(list(dict.fromkeys(k for k in fresh if k not in cache.index)))
+        keys = list(cache.index)
+        rank = cache.key_rank(keys)
+        assert [keys[i] for i in np.argsort(rank)] == sorted(keys)
+    cache._ids([b"with\0nul"])
+    assert cache.key_rank(list(cache.index)) is None
