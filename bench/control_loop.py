@@ -1,7 +1,10 @@
 """One planner interval, end to end, at 128,824 and 1,000,000 active keys.
 
 A private redis-server (no persistence) holds a 300 s telemetry window (31 buckets of 10 s)
-of `--keys` distinct keys with log-normal counts (sigma 1.65, the paper's). Two fills:
+of `--keys` distinct keys with log-normal counts (sigma 1.65, the paper's). The buckets are
+filled oldest first, each followed by a window read (the store's own `window_rates`, as the
+planner's reads run every interval), which seals every closed bucket into one blob
+(services/store: keys once, counts packed); the newest bucket stays hashes. Two fills:
 
   every   every key in every bucket: the worst case (128,824 x 31 x 3 = 12M hash fields);
   spread  each key in one bucket (key i in bucket i mod 31), the hottest 1% in every bucket:
@@ -34,6 +37,7 @@ import argparse
 import asyncio
 import dataclasses
 import math
+import os
 import random
 import subprocess
 import sys
@@ -70,7 +74,8 @@ for s = 0, n - 1, 500 do
   redis.call('HSET', KEYS[2], unpack(b))
   redis.call('HSET', KEYS[3], unpack(c))
 end
-redis.call('SET', KEYS[4], ARGV[#ARGV])
+redis.call('SET', KEYS[4], ARGV[#ARGV], 'EX', 7200)
+for k = 1, 3 do redis.call('EXPIRE', KEYS[k], 7200) end
 return n
 """
 
@@ -96,26 +101,28 @@ async def fill_bucket(store: RedisStore, script, idx: int, rows: list[tuple[int,
         await script(keys=keys, args=args)
 
 
-async def fill(store: RedisStore, n_keys: int, mode: str, first: int, last: int) -> tuple[int, int]:
-    """Fields per hash written, and arrivals counted, over the window."""
+async def fill(store: RedisStore, n_keys: int, mode: str, first: int, last: int, now: float) -> tuple[int, int, float]:
+    """Fields per hash written, arrivals counted over the window, and the seconds spent in the
+    window reads after each bucket (they seal the closed buckets, as the planner's reads do)."""
     script = store._redis.register_script(_FILL_LUA)
     base = counts(n_keys, 7)
     buckets = list(range(first, last + 1))
     fields = arrivals = 0
-    if mode == "every":
-        for idx in buckets:
-            await fill_bucket(store, script, idx, list(enumerate(base)), f"fill-{idx}")
-            fields += n_keys
-            arrivals += sum(c[0] for c in base)
-        return fields, arrivals
+    sealing = 0.0
     hot = sorted(range(n_keys), key=lambda i: -base[i][0])[: max(1, n_keys // 100)]
     for b, idx in enumerate(buckets):
-        rows = [(i, base[i]) for i in range(b, n_keys, len(buckets))]
-        rows += [(i, base[i]) for i in hot if i % len(buckets) != b]
+        if mode == "every":
+            rows = list(enumerate(base))
+        else:
+            rows = [(i, base[i]) for i in range(b, n_keys, len(buckets))]
+            rows += [(i, base[i]) for i in hot if i % len(buckets) != b]
         await fill_bucket(store, script, idx, rows, f"fill-{idx}")
         fields += len(rows)
         arrivals += sum(c[0] for _, c in rows)
-    return fields, arrivals
+        s = time.perf_counter()
+        await store.window_rates(now, WINDOW)      # seals the buckets closed at `now` (all but the last)
+        sealing += time.perf_counter() - s
+    return fields, arrivals, sealing
 
 
 async def churn_newest(store: RedisStore, n_keys: int, idx: int, seed: int) -> None:
@@ -214,8 +221,8 @@ async def interval(store: RedisStore, stubs, replicas: list[str], q_cap: float, 
     t["activate"] = time.perf_counter() - s
     STALLS.clear()
     t["routed"] = await until_routed(stubs, plan.version)
+    t["interval"] = sum(t.values())          # the steps in sequence (the stall overlaps "routed")
     t["stall"] = max(STALLS)
-    t["interval"] = sum(t.values())
     t["keys"] = len(snap.keys)
     t["table"] = len(plan.table)
     t["churn"] = plan.churn or 0.0
@@ -227,12 +234,13 @@ async def run_one(n_keys: int, args: argparse.Namespace) -> dict:
     cfg = TelemetryConfig(bucket_seconds=BUCKET, retention_seconds=3600)
     replicas = [f"r{i}" for i in range(args.replicas)]
     warm = math.ceil(n_keys / args.replicas)
+    load0 = os.getloadavg()[0]
     with RedisProcess() as redis:
         writer = RedisStore(redis.url, telemetry=cfg, timeout=300)
         now = time.time()
         first, last = cfg.bucket(now - WINDOW), cfg.bucket(now)
         s = time.perf_counter()
-        fields, arrivals = await fill(writer, n_keys, args.fill, first, last)
+        fields, arrivals, sealing = await fill(writer, n_keys, args.fill, first, last, now)
         q_cap = 1.2 * arrivals / WINDOW / len(replicas)      # the mean replica load, with 20% headroom
         fill_s = time.perf_counter() - s
         procs = []
@@ -269,6 +277,7 @@ async def run_one(n_keys: int, args: argparse.Namespace) -> dict:
                 results.append(t)
                 active, last_switch = plan, now
             rss2 = [rss_mib(d.pid) for d, _ in dispatchers]
+            redis_mib = (await writer._redis.info("memory"))["used_memory"] / 2**20
             for c in channels:
                 await c.close()
             await store.close()
@@ -276,19 +285,22 @@ async def run_one(n_keys: int, args: argparse.Namespace) -> dict:
             for p in procs:
                 stop(p, grace=15.0)   # a dispatcher holding a million-key plan takes longer to exit
             await writer.close()
-    return {"keys": n_keys, "fill": args.fill, "fields": fields, "fill_s": fill_s, "intervals": results,
+    return {"keys": n_keys, "fill": args.fill, "fields": fields, "fill_s": fill_s, "seal_s": sealing,
+            "load": (load0, os.getloadavg()[0]), "redis_mib": redis_mib, "intervals": results,
             "rss_before": rss0, "rss_first": rss1, "rss_last": rss2}
 
 
 def report(r: dict) -> None:
-    print(f"\n{r['keys']:,} keys, fill {r['fill']} ({r['fields']:,} fields per hash over 31 buckets; "
-          f"filled in {r['fill_s']:.1f} s)")
+    print(f"\n{r['keys']:,} keys, fill {r['fill']} ({r['fields']:,} counts over 31 buckets; filled in "
+          f"{r['fill_s']:.1f} s, of which {r['seal_s']:.1f} s the window reads that sealed the closed buckets); "
+          f"load average {r['load'][0]:.2f} at the start, {r['load'][1]:.2f} at the end")
     cols = ("read", "build", "decide", "write", "activate", "routed", "interval")
     print(f"{'interval':<10}" + "".join(f"{c:>10}" for c in cols) + f"{'churn':>8}{'table':>10}{'stall':>9}")
     for t in r["intervals"]:
         print(f"{t['name']:<10}" + "".join(f"{t[c]:>9.2f}s" for c in cols) + f"{t['churn']:>8.3f}{t['table']:>10,}"
               f"{t['stall']:>8.2f}s")
-    print("stall: the longest a dispatcher took to answer GetStatus while installing the plan")
+    print("stall: the longest a dispatcher took to answer GetStatus while installing the plan (inside 'routed')")
+    print(f"redis used_memory after the last interval: {r['redis_mib']:.0f} MiB")
     for i, (a, b, c) in enumerate(zip(r["rss_before"], r["rss_first"], r["rss_last"])):
         print(f"dispatcher {i}: RSS {a:.0f} MiB before any plan, {b:.0f} MiB with the first "
               f"(+{b - a:.0f} MiB), {c:.0f} MiB after {len(r['intervals']) - 1} more")

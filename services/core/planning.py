@@ -169,26 +169,36 @@ def _order_ties_by_key(order: np.ndarray, sorted_rates: np.ndarray, last: int, k
 
 
 def place_lpt(rates: Sequence[float], sizes: Sequence[int], replicas: int,
-              cold_load: float) -> tuple[list[tuple[int, ...]], list[float]]:
-    """LPT over keys given in placement order: (replica indices per key, ascending; loads)."""
+              cold_load: float, *, rows: bool = True) -> tuple[list[tuple[int, ...]], list[float]]:
+    """LPT over keys given in placement order: (replica indices per key, ascending; loads).
+    rows=False: the loads only (the same floats; the rows list stays empty)."""
     heap = [(cold_load, i) for i in range(replicas)]  # equal loads, ascending index: a heap
-    rows: list[tuple[int, ...]] = []
+    out: list[tuple[int, ...]] = []
     replace, pop, push = heapq.heapreplace, heapq.heappop, heapq.heappush
-    for lam, k in zip(rates, sizes):
-        if k == 1:
-            load, i = heap[0]
-            replace(heap, (load + lam, i))
-            rows.append((i,))
-            continue
-        share = lam / k
-        picked = [pop(heap) for _ in range(k)]
-        for load, i in picked:
-            push(heap, (load + share, i))
-        rows.append(tuple(sorted(i for _, i in picked)))
+    if not rows:
+        for lam, k in zip(rates, sizes):
+            if k == 1:
+                replace(heap, (heap[0][0] + lam, heap[0][1]))
+                continue
+            share = lam / k
+            for load, i in [pop(heap) for _ in range(k)]:
+                push(heap, (load + share, i))
+    else:
+        for lam, k in zip(rates, sizes):
+            if k == 1:
+                load, i = heap[0]
+                replace(heap, (load + lam, i))
+                out.append((i,))
+                continue
+            share = lam / k
+            picked = [pop(heap) for _ in range(k)]
+            for load, i in picked:
+                push(heap, (load + share, i))
+            out.append(tuple(sorted(i for _, i in picked)))
     loads = [0.0] * replicas
     for load, i in heap:
         loads[i] = load
-    return rows, loads
+    return out, loads
 
 
 def imbalance(loads: Sequence[float]) -> float:

@@ -26,6 +26,14 @@ churn-aware re-planner; this is ours.
      others cost their rate); if none does, the largest share, free keys first.
 Knob: `tolerance` (default 0.05: imbalance within 5% of from-scratch LPT), `max_moves`.
 
+Speed (a control interval re-plans every admitted key): the steps run over columns of the
+admitted keys, in admission order: rows as one int64 array (`_Rows`: the replica of a
+one-replica row, -1 for none, -2 for a row of several kept beside it), loads summed with
+np.add.at in the per-key loop's order (so every float is the loop's), the fill from a heap of
+(load, replica) with stale entries skipped, each rebalancing move ranked over the top
+replica's keys in arrays, churn from the columns. Results equal the per-key version
+(tests/reference/replan_v1.py) key for key and bit for bit (tests/unit/test_replan_equivalence.py).
+
 `build_at_home` (builder "home"): a first plan for a cluster whose cold tail has been serving
 the traffic: `replan_incremental` from an empty plan, so every key starts on its home when
 that stays within the limit, and rebalancing (every key is new, so every move is free) brings
@@ -39,14 +47,16 @@ fall back to the cold tail. Nothing else moves, so the repair's churn is only wh
 
 from __future__ import annotations
 
+import heapq
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from itertools import chain, repeat
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from services.core.plan import Plan
-from services.core.planning import admit, build_plan, check_inputs, exact_sum, imbalance, size_keys, with_churn
+from services.core.planning import admit, check_inputs, exact_sum, imbalance, place_lpt, size_keys, with_churn
 from services.core.policies._common import Ring
 
 DEFAULT_TOLERANCE = 0.05
@@ -57,8 +67,7 @@ def ring_homes(replicas: int) -> Callable[[str], int]:
     """key -> the replica the dispatchers' CHWBL cold tail sends it to while loads are within its
     bound: the first owner on the same ring (services.core.policies.chwbl, 160 vnodes), by index
     into the replica list the dispatchers and the plan share."""
-    ring = Ring(replicas, 160)
-    return lambda key: next(ring.walk(key))
+    return Ring(replicas, 160).first      # the first owner clockwise: what walk() yields first
 
 
 def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float] | np.ndarray,
@@ -74,37 +83,38 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
     check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots)
-    scratch = build_plan(keys, rate_arr, replica_ids, q_cap, warm_slots)  # the balance yardstick
     R = len(replica_ids)
     sizes = size_keys(rate_arr, q_cap, R)
     chosen = admit(keys, rate_arr, sizes, R * int(warm_slots))
-    order = [keys[i] for i in chosen.tolist()]
-    lam = dict(zip(order, rate_arr[chosen].tolist()))
-    k = dict(zip(order, sizes[chosen].tolist()))
     cold = np.ones(len(keys), dtype=bool)
     cold[chosen] = False
-
-    anchors = _anchors(active, replica_ids, order)
     cold_load = exact_sum(rate_arr[cold]) / R
+    lam, k = rate_arr[chosen], sizes[chosen]
+    # the balance yardstick: LPT from scratch over the same admitted keys (build_plan's loads)
+    scratch_imbalance = imbalance(place_lpt(lam.tolist(), k.tolist(), R, cold_load, rows=False)[1])
+    order = [keys[i] for i in chosen.tolist()]
+
+    anchors = _anchor_rows(active, replica_ids, order)
+    admitted = exact_sum(lam)
     home_floor = home_rho * float(q_cap) if homes is not None else 0.0
-    home_limit = max(home_floor,
-                     (cold_load + math.fsum(lam.values()) / R) * scratch.predicted_imbalance * (1.0 + tolerance))
-    rows, loads = _place_anchored(order, lam, k, anchors, R, cold_load, homes=homes, limit=home_limit)
-    changed = {key for key in order if rows[key] != anchors.get(key)}
-    limit = max(home_floor, math.fsum(loads) / R * scratch.predicted_imbalance * (1.0 + tolerance))
-    moves = _rebalance(rows, lam, loads, changed, limit, max_moves if max_moves is not None else 4 * len(order) + R)
+    home_limit = max(home_floor, (cold_load + admitted / R) * scratch_imbalance * (1.0 + tolerance))
+    rows, loads, changed = _place_anchored(order, lam, k, anchors, R, cold_load, homes=homes, limit=home_limit)
+    limit = max(home_floor, math.fsum(loads) / R * scratch_imbalance * (1.0 + tolerance))
+    moves = _rebalance(order, rows, lam, loads, changed, limit,
+                       max_moves if max_moves is not None else 4 * len(order) + R)
 
     total = float(rate_arr.sum())
     plan = Plan(
         version=version, parent_version=active.version, created_at=created_at,
         replica_ids=tuple(replica_ids), q_cap=float(q_cap), warm_slots=int(warm_slots),
-        table={key: rows[key] for key in order}, rates=lam, expected_load=tuple(loads),
+        table=dict(zip(order, rows.tuples())), rates=dict(zip(order, lam.tolist())), expected_load=tuple(loads),
         predicted_imbalance=imbalance(loads), total_keys=len(keys), admitted_keys=len(order),
-        admitted_rate_share=math.fsum(lam.values()) / total if total > 0 else 0.0,
+        admitted_rate_share=admitted / total if total > 0 else 0.0,
         builder="incremental", rates_snapshot_id=rates_snapshot_id, window_seconds=float(window_seconds),
-        extra={"scratch_imbalance": scratch.predicted_imbalance, "tolerance": tolerance, "moves": moves},
+        extra={"scratch_imbalance": scratch_imbalance, "tolerance": tolerance, "moves": moves},
+        churn=_churn(anchors, rows, lam, admitted),
     )
-    return with_churn(plan, active)
+    return plan
 
 
 def build_at_home(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica_ids: Sequence[str],
@@ -112,8 +122,9 @@ def build_at_home(keys: Sequence[str], rates: Sequence[float] | np.ndarray, repl
                   created_at: float = 0.0, tolerance: float = DEFAULT_TOLERANCE, rates_snapshot_id: str = "",
                   window_seconds: float = 0.0) -> Plan:
     """A first plan with every key on its home where balance allows (module header)."""
-    scratch = build_plan(keys, rates, replica_ids, q_cap, warm_slots)
-    empty = replace(scratch, table={}, rates={}, admitted_keys=0)
+    empty = Plan(version=1, parent_version=0, created_at=0.0, replica_ids=tuple(replica_ids), q_cap=float(q_cap),
+                 warm_slots=int(warm_slots), table={}, rates={}, expected_load=(), predicted_imbalance=1.0,
+                 total_keys=0, admitted_keys=0, admitted_rate_share=0.0)
     plan = replan_incremental(empty, keys, rates, replica_ids, q_cap, warm_slots, version=version,
                               created_at=created_at, tolerance=tolerance, rates_snapshot_id=rates_snapshot_id,
                               window_seconds=window_seconds, homes=homes)
@@ -137,12 +148,13 @@ def repair_plan(active: Plan, dead_replica_ids: Sequence[str], *, version: int, 
     total = math.fsum(active.expected_load)
     cold_total = max(0.0, total - math.fsum(lam[key] for key in order))
 
-    anchors = _anchors(active, survivors, order)
-    rows, loads = _place_anchored(order, lam, k, anchors, R, cold_total / R)
+    anchors = _anchor_rows(active, survivors, order)
+    rows, loads, _ = _place_anchored(order, np.array([lam[key] for key in order], dtype=np.float64),
+                                     np.array([k[key] for key in order], dtype=np.int64), anchors, R, cold_total / R)
     prefixes = _repair_prefixes(active, survivors, loads)
     plan = replace(
         active, prefixes=prefixes, version=version, parent_version=active.version, created_at=created_at,
-        replica_ids=tuple(survivors), table={key: rows[key] for key in order},
+        replica_ids=tuple(survivors), table=dict(zip(order, rows.tuples())),
         rates={key: lam[key] for key in order}, expected_load=tuple(loads), predicted_imbalance=imbalance(loads),
         admitted_keys=len(order), admitted_rate_share=math.fsum(lam[key] for key in order) / total if total > 0 else 0.0,
         builder="repair", decision=None, shadow=None, extra={"dead_replicas": sorted(dead)},
@@ -172,21 +184,6 @@ def _repair_prefixes(active: Plan, survivors: Sequence[str], loads: Sequence[flo
     return out
 
 
-def _anchors(active: Plan, replica_ids: Sequence[str], keys: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """Each key's active replicas that still exist, as indices into `replica_ids`."""
-    index = {rid: i for i, rid in enumerate(replica_ids)}
-    old_ids = active.replica_ids
-    out = {}
-    for key in keys:
-        row = active.table.get(key)
-        if row is None:
-            continue
-        kept = tuple(sorted(index[old_ids[i]] for i in row if old_ids[i] in index))
-        if kept:
-            out[key] = kept
-    return out
-
-
 def _fit_budget(order: list[str], k: Mapping[str, int], budget: int) -> list[str]:
     """Drop the lowest-rate keys (end of `order`) until the sizes fit the slot budget."""
     used = sum(k[key] for key in order)
@@ -196,55 +193,193 @@ def _fit_budget(order: list[str], k: Mapping[str, int], budget: int) -> list[str
     return keep
 
 
-def _place_anchored(order: Sequence[str], lam: Mapping[str, float], k: Mapping[str, int],
-                    anchors: Mapping[str, tuple[int, ...]], replicas: int, cold_load: float, *,
-                    homes: Callable[[str], int] | None = None,
-                    limit: float = math.inf) -> tuple[dict[str, tuple[int, ...]], list[float]]:
+class _Rows:
+    """Replica rows of the admitted keys in columns, by position in admission order: `one[p]` is
+    the replica of a one-replica row, -1 for an empty row, -2 for a row of several (`multi[p]`,
+    ascending). Almost every key has one replica, so the common case is one int64 array."""
+
+    __slots__ = ("one", "multi")
+
+    def __init__(self, one: np.ndarray, multi: dict[int, tuple[int, ...]]) -> None:
+        self.one = one
+        self.multi = multi
+
+    def row(self, p: int) -> tuple[int, ...]:
+        r = int(self.one[p])
+        return (r,) if r >= 0 else (self.multi[p] if r == -2 else ())
+
+    def set(self, p: int, row: tuple[int, ...]) -> None:
+        if len(row) == 1:
+            self.one[p] = row[0]
+            self.multi.pop(p, None)
+        elif row:
+            self.one[p] = -2
+            self.multi[p] = row
+        else:
+            self.one[p] = -1
+            self.multi.pop(p, None)
+
+    def tuples(self) -> list[tuple[int, ...]]:
+        out = [(r,) for r in self.one.tolist()]
+        for p, row in self.multi.items():
+            out[p] = row
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Anchors:
+    rows: _Rows            # each key's active replicas that still exist, as new indices
+    known: np.ndarray      # bool: the key is in the active plan
+    lost: np.ndarray       # bool: some of its active replicas are gone
+
+
+def _anchor_rows(active: Plan, replica_ids: Sequence[str], keys: Sequence[str]) -> _Anchors:
+    """Each key's active replicas that still exist, as indices into `replica_ids`."""
+    index = {rid: i for i, rid in enumerate(replica_ids)}
+    remap = np.array([index.get(rid, -1) for rid in active.replica_ids] + [-1], dtype=np.int64)
+    gone = len(active.replica_ids)                      # remap[gone] == -1: no row
+    old = list(map(active.table.get, keys, repeat(())))
+    m = len(keys)
+    lens = np.fromiter(map(len, old), dtype=np.int64, count=m)
+    flat = np.fromiter(chain.from_iterable(old), dtype=np.int64, count=int(lens.sum()))
+    first = np.full(m, gone, dtype=np.int64)
+    has = lens > 0
+    first[has] = flat[(np.cumsum(lens) - lens)[has]]
+    one = remap[first]
+    one[lens != 1] = -1
+    lost = (lens == 1) & (one < 0)
+    multi: dict[int, tuple[int, ...]] = {}
+    rows = _Rows(one, multi)
+    for p in np.flatnonzero(lens > 1).tolist():
+        row = old[p]
+        kept = tuple(sorted(int(remap[i]) for i in row if remap[i] >= 0))
+        rows.set(p, kept)
+        lost[p] = len(kept) < len(row)
+    return _Anchors(rows, has, lost)
+
+
+def _churn(anchors: _Anchors, rows: _Rows, lam: np.ndarray, admitted: float) -> float:
+    """plan_diff(active, plan).churn from the columns: the share of the admitted rate whose
+    replica-id set differs from the active plan's (new keys included)."""
+    a, b = anchors.rows, rows
+    same = (a.one == b.one) & (b.one >= 0)
+    for p in set(a.multi) | set(b.multi):
+        same[p] = a.row(p) == b.row(p)
+    same &= anchors.known & ~anchors.lost
+    return exact_sum(lam[~same]) / admitted if admitted > 0 else 0.0
+
+
+def _place_anchored(order: Sequence[str], lam: np.ndarray, k: np.ndarray, anchors: _Anchors, replicas: int,
+                    cold_load: float, *, homes: Callable[[str], int] | None = None,
+                    limit: float = math.inf) -> tuple[_Rows, list[float], np.ndarray]:
     """Keep anchored shares, trim keys that shrank, then fill missing shares least-loaded first
-    (a new key's home first when it stays within `limit`)."""
-    loads = [cold_load] * replicas
-    rows: dict[str, tuple[int, ...]] = {}
-    shrunk, short = [], []
-    for key in order:
-        kept = anchors.get(key, ())
-        if len(kept) > k[key]:
-            shrunk.append(key)
+    (a new key's home first when it stays within `limit`); returns the rows, the loads and
+    which keys changed (trimmed or filled).
+
+    Loads are summed in the per-key order of the plain loop (np.add.at adds in index order),
+    so every float is the one that loop computes; the fill keeps a heap of (load, replica)
+    with stale entries skipped, which picks what sorting all replicas by (load, index) picks."""
+    m = len(order)
+    share = lam / k
+    src = anchors.rows
+    one = src.one.copy()
+    rows = _Rows(one, {})
+    shrunk: list[int] = []
+    parts_p, parts_r = [np.flatnonzero(one >= 0)], []
+    parts_r.append(one[parts_p[0]])
+    multi_short: list[int] = []
+    for p, kept in sorted(src.multi.items()):
+        if len(kept) > k[p]:
+            shrunk.append(p)
+            one[p] = -1
             continue
-        share = lam[key] / k[key]
+        rows.set(p, kept)
+        parts_p.append(np.full(len(kept), p, dtype=np.int64))
+        parts_r.append(np.array(kept, dtype=np.int64))
+        if len(kept) < k[p]:
+            multi_short.append(p)
+    pos, rep = np.concatenate(parts_p), np.concatenate(parts_r)
+    if len(parts_p) > 1:
+        by_pos = np.argsort(pos, kind="stable")
+        pos, rep = pos[by_pos], rep[by_pos]
+    acc = np.full(replicas, cold_load, dtype=np.float64)
+    np.add.at(acc, rep, share[pos])
+    loads = acc.tolist()
+    short = np.flatnonzero((src.one == -1) | ((src.one >= 0) & (k > 1)))
+    if multi_short:
+        short = np.union1d(short, np.array(multi_short, dtype=np.int64))
+    changed = np.zeros(m, dtype=bool)
+    share_l = share.tolist()
+    k_l = k.tolist()
+    for p in shrunk:
+        kept = tuple(sorted(sorted(src.multi[p], key=lambda r: (loads[r], r))[: k_l[p]]))
         for r in kept:
-            loads[r] += share
-        rows[key] = kept
-        if len(kept) < k[key]:
-            short.append(key)
-    for key in shrunk:
-        share = lam[key] / k[key]
-        kept = tuple(sorted(sorted(anchors[key], key=lambda r: (loads[r], r))[: k[key]]))
-        for r in kept:
-            loads[r] += share
-        rows[key] = kept
-    for key in short:
-        share = lam[key] / k[key]
-        row = set(rows[key])
+            loads[r] += share_l[p]
+        rows.set(p, kept)
+        changed[p] = True
+    heap = [(load, r) for r, load in enumerate(loads)]
+    heapq.heapify(heap)
+    pop, push, swap = heapq.heappop, heapq.heappush, heapq.heapreplace
+    bare = (src.one == -1) & (k == 1)            # new one-replica keys: the common case, inline
+    for p, alone in zip(short.tolist(), bare[short].tolist()):
+        s = share_l[p]
+        if alone:
+            if homes is not None:
+                home = homes(order[p])
+                if 0 <= home < replicas and loads[home] + s <= limit:
+                    loads[home] += s
+                    push(heap, (loads[home], home))
+                    one[p] = home
+                    changed[p] = True
+                    continue
+            while heap[0][0] != loads[heap[0][1]]:
+                pop(heap)                     # stale
+            r = heap[0][1]
+            loads[r] += s
+            swap(heap, (loads[r], r))
+            one[p] = r
+            changed[p] = True
+            continue
+        row = rows.row(p)
+        have = set(row)
         if homes is not None and not row:
-            home = homes(key)
-            if 0 <= home < replicas and loads[home] + share <= limit:
-                loads[home] += share
-                row.add(home)
-        for r in sorted((r for r in range(replicas) if r not in row), key=lambda r: (loads[r], r))[: k[key] - len(row)]:
-            loads[r] += share
-            row.add(r)
-        rows[key] = tuple(sorted(row))
-    return rows, loads
+            home = homes(order[p])
+            if 0 <= home < replicas and loads[home] + s <= limit:
+                loads[home] += s
+                push(heap, (loads[home], home))
+                have.add(home)
+        need = k_l[p] - len(have)
+        picked: list[int] = []
+        back: list[tuple[float, int]] = []
+        seen: set[int] = set()
+        while len(picked) < need:
+            load, r = pop(heap)
+            if load != loads[r] or r in seen:
+                continue                      # stale, or a duplicate of an entry already taken
+            seen.add(r)
+            if r in have:
+                back.append((load, r))
+            else:
+                picked.append(r)
+        for entry in back:
+            push(heap, entry)
+        for r in picked:
+            loads[r] += s
+            push(heap, (loads[r], r))
+            have.add(r)
+        rows.set(p, tuple(sorted(have)))
+        changed[p] = True
+    return rows, loads, changed
 
 
-def _rebalance(rows: dict[str, tuple[int, ...]], lam: Mapping[str, float], loads: list[float], changed: set[str],
+def _rebalance(order: Sequence[str], rows: _Rows, lam: np.ndarray, loads: list[float], changed: np.ndarray,
                limit: float, max_moves: int) -> int:
-    """Move key shares off the most-loaded replica until it is within `limit`; returns the move count."""
+    """Move key shares off the most-loaded replica until it is within `limit`; returns the move
+    count. Each move ranks the top replica's keys in arrays: one that clears the whole excess
+    at the least cost (keys already changed are free, others cost their rate), then the
+    smallest share, then the key; else free keys first, the biggest share, then the key."""
     replicas = len(loads)
-    members: list[set[str]] = [set() for _ in range(replicas)]
-    for key, row in rows.items():
-        for r in row:
-            members[r].add(key)
+    members: list[set[int]] | None = None
     moves = 0
     slack = 1e-12 * max(limit, 1.0)
     while moves < max_moves:
@@ -252,29 +387,52 @@ def _rebalance(rows: dict[str, tuple[int, ...]], lam: Mapping[str, float], loads
         excess = loads[top] - limit
         if excess <= slack:
             break
+        if members is None:
+            members = [set() for _ in range(replicas)]
+            singles = np.flatnonzero(rows.one >= 0)
+            reps = rows.one[singles]
+            by_rep = np.argsort(reps, kind="stable")
+            singles, reps = singles[by_rep], reps[by_rep]
+            bounds = np.searchsorted(reps, np.arange(replicas + 1))
+            for r in range(replicas):
+                members[r] = set(singles[bounds[r]:bounds[r + 1]].tolist())
+            for p, row in rows.multi.items():
+                for r in row:
+                    members[r].add(p)
         by_load = sorted(range(replicas), key=lambda r: (loads[r], r))
-        best, best_rank = None, None
-        for key in members[top]:
-            row = rows[key]
-            share = lam[key] / len(row)
-            dest = next((r for r in by_load if r not in row), None)
-            if dest is None or loads[dest] + share > limit + slack:
-                continue
-            cost = 0.0 if key in changed else lam[key]
-            if share >= excess:
-                rank = (0, cost, share, key)           # clears the excess: cheapest, smallest
-            else:
-                rank = (1, cost > 0, -share, key)      # partial: free keys first, biggest share
-            if best_rank is None or rank < best_rank:
-                best, best_rank = (key, dest, share), rank
-        if best is None:
+        cand = np.fromiter(members[top], dtype=np.int64, count=len(members[top]))
+        if not len(cand):
             break
-        key, dest, share = best
-        rows[key] = tuple(sorted((set(rows[key]) - {top}) | {dest}))
-        members[top].discard(key)
-        members[dest].add(key)
-        loads[top] -= share
-        loads[dest] += share
-        changed.add(key)
+        share = lam[cand].copy()
+        d1 = next((r for r in by_load if r != top), -1)
+        dest = np.full(len(cand), d1, dtype=np.int64)
+        for j in np.flatnonzero(rows.one[cand] < 0).tolist():
+            row = rows.multi[int(cand[j])]
+            share[j] = lam[cand[j]] / len(row)
+            dest[j] = next((r for r in by_load if r not in row), -1)
+        load_arr = np.array(loads, dtype=np.float64)
+        ok = (dest >= 0) & (load_arr[dest] + share <= limit + slack)
+        if not ok.any():
+            break
+        cost = np.where(changed[cand], 0.0, lam[cand])
+        clears = ok & (share >= excess)
+        if clears.any():
+            j = np.flatnonzero(clears)
+            j = j[cost[j] == cost[j].min()]
+            j = j[share[j] == share[j].min()]
+        else:
+            j = np.flatnonzero(ok)
+            paid = cost[j] > 0
+            if not paid.all():
+                j = j[~paid]
+            j = j[share[j] == share[j].max()]
+        best = min(j.tolist(), key=lambda i: order[int(cand[i])])
+        p, d, s = int(cand[best]), int(dest[best]), float(share[best])
+        rows.set(p, tuple(sorted((set(rows.row(p)) - {top}) | {d})))
+        members[top].discard(p)
+        members[d].add(p)
+        loads[top] -= s
+        loads[d] += s
+        changed[p] = True
         moves += 1
     return moves

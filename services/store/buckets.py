@@ -115,23 +115,27 @@ def snapshot(first: int, last: int, start: float, now: float, totals: dict[str, 
 
 
 def snapshot_columns(first: int, last: int, start: float, now: float, keys: list[bytes],
-                      acc: np.ndarray, untracked: int = 0) -> RatesSnapshot:
+                      acc: np.ndarray, untracked: int = 0, rank: np.ndarray | None = None) -> RatesSnapshot:
     """The snapshot of per-key (n, prompt, prefix) sums, `acc[i]` for `keys[i]`: keys with
     arrivals, hottest first, ties by key (bytewise, i.e. code-point order). Sorting and
-    dividing are numpy (a million-key window); the id hashes the ranked keys and counts."""
+    dividing are numpy (a million-key window); the id hashes the ranked keys and counts.
+    `rank` (optional): rank[i] = keys[i]'s position in bytewise order over all `keys`."""
     span = max(now - start, 1e-9)
     n = acc[:, 0]
     live = np.flatnonzero(n > 0)
-    live_keys = [keys[i] for i in live.tolist()]
-    plain = b"\0" not in b"".join(live_keys)
-    if acc.dtype != object and plain:
+    live_keys = keys if len(live) == len(keys) else [keys[i] for i in live.tolist()]
+    plain = b"".join(live_keys).find(b"\0") < 0
+    if acc.dtype != object and plain and rank is not None:
+        order = live[np.lexsort((rank[live], -n[live]))]
+    elif acc.dtype != object and plain:
         order = live[np.lexsort((np.array(live_keys, dtype=bytes), -n[live]))] if live_keys else live
     else:   # counts past int64, or keys numpy's fixed-width bytes would truncate: plain Python
         order = np.array(sorted(live.tolist(), key=lambda i: (-int(n[i]), keys[i])), dtype=np.int64)
-    ranked = [keys[i] for i in order.tolist()]
+    ranked = np.array(keys, dtype=object)[order].tolist() if len(order) else []   # a gather, not a loop
     counts = n[order]
     digest = hashlib.blake2b(digest_size=6)
-    digest.update(b"\0".join(ranked))
+    joined = b"\0".join(ranked)
+    digest.update(joined)
     digest.update(b"\1")
     digest.update(counts.tobytes() if counts.dtype != object else ",".join(map(str, counts.tolist())).encode())
     rows = acc[order]
@@ -141,7 +145,7 @@ def snapshot_columns(first: int, last: int, start: float, now: float, keys: list
         start=start, end=now, window_seconds=span,
         total_arrivals=(int(sum(counts.tolist())) if counts.dtype == object else int(counts.sum())) + untracked,
         untracked_arrivals=untracked,
-        keys=(tuple(b"\0".join(ranked).decode().split("\0")) if plain and ranked else tuple(k.decode() for k in ranked)),
+        keys=(tuple(joined.decode().split("\0")) if plain and ranked else tuple(k.decode() for k in ranked)),
         rates=tuple((nf / span).tolist()),
         mean_prompt_tokens=tuple((rows[:, 1].astype(np.float64) / nf).tolist()),
         mean_prefix_tokens=tuple((rows[:, 2].astype(np.float64) / nf).tolist()),

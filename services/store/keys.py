@@ -146,3 +146,39 @@ def history_from_json(data: bytes | str) -> HistoryEntry:
     d = orjson.loads(data)
     return HistoryEntry(int(d["version"]), int(d["previous"]), d["event"], d.get("reason", ""),
                         float(d["at"]), int(d.get("token", 0)))
+
+
+# ---------------------------------------------------------------------------------------------
+# sealed buckets: a closed telemetry bucket's three count hashes as one blob (`P:{tb:IDX}:sealed`)
+#
+#   b"CRS1" | uint32 m | uint32 L | L bytes: the m keys joined by NUL | m x 3 int64 (n, pt, xt)
+#
+# little-endian; keys once, counts as one packed array. A bucket with a key containing NUL or a
+# count at or past 2**63 is not sealed (its hashes stay as they are).
+
+SEAL_MAGIC = b"CRS1"
+_SEAL_HEAD = 12
+
+
+def seal_blob(keys: Sequence[bytes], values) -> bytes | None:
+    """The blob of one bucket's per-key (n, pt, xt) rows, or None if it cannot be sealed."""
+    import numpy as np
+
+    joined = b"\0".join(keys)
+    if len(keys) != (joined.count(b"\0") + 1 if keys else 0) or values.dtype == object:
+        return None
+    head = SEAL_MAGIC + len(keys).to_bytes(4, "little") + len(joined).to_bytes(4, "little")
+    return head + joined + np.ascontiguousarray(values, dtype="<i8").tobytes()
+
+
+def unseal_blob(blob: bytes):
+    """keys (list of bytes) and an (m, 3) int64 array from `seal_blob`'s output."""
+    import numpy as np
+
+    if blob[:4] != SEAL_MAGIC:
+        raise ValueError("not a sealed bucket")
+    m = int.from_bytes(blob[4:8], "little")
+    size = int.from_bytes(blob[8:12], "little")
+    keys = blob[_SEAL_HEAD:_SEAL_HEAD + size].split(b"\0") if m else []
+    values = np.frombuffer(blob, dtype="<i8", count=3 * m, offset=_SEAL_HEAD + size).reshape(m, 3)
+    return keys, values.astype(np.int64)

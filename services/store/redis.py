@@ -1,6 +1,12 @@
 """The store on Redis: `RedisStore` (redis.asyncio; one Lua script, services/store/lua/, for
 every conditional multi-key step; key layout Redis Cluster compatible, services/store/keys.py).
 
+Telemetry windows in columns: a window read seals every closed bucket it fetched into one blob
+(keys once, counts as a packed int64 array; services/store/keys.py `seal_blob`, lua/seal.lua,
+only if no write came since), so Redis holds about 40 bytes per key and bucket instead of three
+hash fields, and a cold read is one GET per closed bucket and a numpy merge. The open bucket
+and late arrivals into a sealed one stay hashes (HINCRBY), folded in by the next read.
+
 When Redis is unreachable every call raises `services.errors.Unavailable` with one line
 (`redis unavailable at HOST:PORT: ...`); the next call reconnects (one immediate retry on a
 broken pooled connection).
@@ -55,8 +61,10 @@ from services.store.keys import (
     history_from_json,
     log_blob,
     merge_counters,
+    seal_blob,
     stat_groups,
     summary_of,
+    unseal_blob,
 )
 from services.store.window_cache import BucketCache
 
@@ -229,7 +237,7 @@ class RedisStore(Store):
             flat += (key, str(n), str(pt), str(xt))
         gaps = newest((part.gaps for _, _, part in parts), cfg.gaps_per_bucket)
         rows = newest((part.rows for _, _, part in parts), cfg.log_per_bucket)
-        keys = [self._tb(idx, h) for h in ("n", "pt", "xt", "gaps", "log", "v", "untracked")]
+        keys = [self._tb(idx, h) for h in ("n", "pt", "xt", "gaps", "log", "v", "untracked", "sealed_keys")]
         keys += [self._tb(idx, f"seen:{batch_id}") for _, batch_id, _ in parts if batch_id]
         args = [cfg.ttl, cfg.gaps_per_bucket, cfg.log_per_bucket, orjson.dumps(flat),
                 "\n".join(map(repr, gaps)), log_blob(rows), os.urandom(9).hex(), cfg.keys_per_bucket]
@@ -308,18 +316,39 @@ class RedisStore(Store):
             for i in idxs:
                 pipe.hget(self._tb(i, "untracked"), "n")
             for i, _ in stale:
+                pipe.get(self._tb(i, "sealed"))
                 for h in ("n", "pt", "xt"):
                     pipe.hgetall(self._tb(i, h))
             replies = pipe.execute()
             untracked = sum(int(v) for v in replies[:len(idxs)] if v is not None)
             rows = replies[len(idxs):]
+            seal = []
             for j, (i, token) in enumerate(stale):
-                cache.put(i, token, *rows[3 * j:3 * j + 3])
+                sealed, n, pt, xt = rows[4 * j:4 * j + 4]
+                cache.put(i, token, n, pt, xt, sealed=unseal_blob(sealed) if sealed else None)
+                if token is not None and i < last and n:      # closed, with counts still in hashes
+                    seal.append((i, token))
+            names = list(cache.index) if seal else []
+            for i, token in seal:
+                self._seal(r, i, token, names)
             span_start = start if since is None or float(since) >= now else max(start, float(since))
-            return snapshot_columns(first, last, span_start, now, *cache.columns(idxs), untracked)
+            keys, acc = cache.columns(idxs)
+            return snapshot_columns(first, last, span_start, now, keys, acc, untracked, cache.key_rank(keys))
 
         async with self._window_lock, self._guard():
             return await asyncio.to_thread(read)
+
+    def _seal(self, r, idx: int, token: bytes, names: list[bytes]) -> bool:
+        """Seal closed bucket `idx` (services/store/lua/seal.lua) from the cache's copy of what
+        the read just fetched under `token` (`names`: the cache's keys by id); a write since
+        then leaves the bucket as it is."""
+        _, ids, values = self._windows.buckets[idx]
+        keys = [names[i] for i in ids.tolist()]
+        blob = seal_blob(keys, values)
+        if blob is None:
+            return False
+        names = [self._tb(idx, h) for h in ("v", "n", "pt", "xt", "sealed", "sealed_keys")]
+        return bool(r.eval(SCRIPTS["seal"], len(names), *names, token, blob, len(keys)))
 
     def _blocking(self):
         """A blocking client (single node or cluster) for reads done in a worker thread
