@@ -466,3 +466,21 @@ def plan_summary(plan: Plan, active: bool = False, pinned: bool = False) -> comm
     if plan.shadow is not None:
         msg.shadow.CopyFrom(shadow_to_proto(plan.shadow))
     return msg
+
+
+def rates_for(table: ColumnarTable, rates: Mapping[str, float]) -> ColumnarRates:
+    """`rates` over a columnar table's index (0.0 for a key without one); shares the array
+    when `rates` is already over a table with the same rows."""
+    if isinstance(rates, ColumnarRates) and len(rates.table) == len(table) and \
+            (rates.table is table or rates.table.keys_blob is table.keys_blob):
+        return ColumnarRates(table, rates.values_)
+    return ColumnarRates(table, np.fromiter((rates.get(k, 0.0) for k in table), dtype=np.float64, count=len(table)))
+
+
+def columnar_plan(plan: Plan) -> Plan:
+    """The plan with its table (and rates) as a ColumnarTable: bytes per key, the form a
+    dispatcher keeps. A plan already columnar is returned as is."""
+    if isinstance(plan.table, ColumnarTable):
+        return plan
+    table = ColumnarTable.from_mapping(plan.table, max(1, min(len(plan.replica_ids), MAX_REPLICAS)))
+    return dataclasses.replace(plan, table=table, rates=rates_for(table, plan.rates))

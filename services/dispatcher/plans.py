@@ -8,6 +8,13 @@
 3. When both are down: keep routing with the last good plan and mode.
 The planner is retried with exponential backoff and jitter (`backoff_min` .. `backoff_max`);
 a watch that ends normally (its long deadline, a planner restart) reconnects at once.
+
+The event loop never decodes or indexes a plan: the watch asks for tables in columns
+(WatchPlansRequest.columnar: a key blob and packed arrays), collects the chunks of one
+update as they are, and decodes, indexes and prepares them in one worker thread
+(codec.plan_from_slices + Router.prepare); the loop then swaps the result in at once
+(Router.install). The same holds for a plan read from the store. An update naming the
+version already installed changes only the mode (plans are immutable per version).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import grpc
 from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services import codec
 from services.planwire import SliceAssembler
-from services.dispatcher.router import Router
+from services.dispatcher.router import Prepared, Router
 from services.errors import ServiceError
 from services.model import Mode
 from services.rpc import Backoff, TLSFiles, aio_channel, kv, stop_tasks
@@ -79,16 +86,17 @@ class PlanFeed:
         stub = planner_pb2_grpc.PlannerStub(self._channel)
         got = False
         slices = SliceAssembler()
-        call = stub.WatchPlans(planner_pb2.WatchPlansRequest(include_table=True, max_chunk_bytes=self._max_message_bytes),
+        call = stub.WatchPlans(planner_pb2.WatchPlansRequest(include_table=True, columnar=True,
+                                                             max_chunk_bytes=self._max_message_bytes),
                                timeout=self.watch_seconds)
         try:
             async for update in call:
+                parts = None
                 if update.active_version:
-                    whole = slices.add(update.plan)
-                    if whole is None:
+                    parts = slices.add_slices(update.plan)
+                    if parts is None:
                         continue          # more chunks of this update follow
-                    update.plan.CopyFrom(whole)
-                self._apply_update(update)
+                await self._apply_update(update, parts)
                 got = True
         except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not got:
@@ -100,9 +108,19 @@ class PlanFeed:
             call.cancel()
         return got
 
-    def _apply_update(self, update: planner_pb2.PlanUpdate) -> None:
-        plan = codec.plan_from_proto(update.plan) if update.active_version else None
-        self._install(plan, update.mode == common_pb2.MODE_FLAT, "watch", update.event)
+    async def _apply_update(self, update: planner_pb2.PlanUpdate, parts: list | None) -> None:
+        flat = update.mode == common_pb2.MODE_FLAT
+        if not update.active_version:
+            await self._install(None, flat, "watch", update.event)
+        elif update.active_version == self.router.plan_version and self.router.plan is not None:
+            await self._install(self.router.plan, flat, "watch", update.event)
+        else:
+            prepared = await asyncio.to_thread(self._decode, parts)
+            self._apply(prepared, flat, "watch", update.event)
+
+    def _decode(self, parts: list) -> Prepared:
+        """Worker thread: the update's slices -> a prepared, columnar plan (ValueError if invalid)."""
+        return self.router.prepare(codec.plan_from_slices(parts, columnar=True))
 
     async def _read_store(self) -> None:
         if self.store is None:
@@ -112,18 +130,33 @@ class PlanFeed:
             flat = control.mode == Mode.FLAT
             if control.active_version == self.router.plan_version and self.router.plan_source != "none":
                 if flat != self.router.flat or self.router.plan_source != "redis":
-                    self._install(self.router.plan, flat, "redis", "mode")
+                    await self._install(self.router.plan, flat, "redis", "mode")
                 return
             plan = await self.store.get_plan(control.active_version) if control.active_version else None
         except (ServiceError, ValueError, OSError) as exc:
             log.warning("store read failed; keeping the last plan",
                         extra=kv(error=str(exc), plan_version=self.router.plan_version))
             return
-        self._install(plan, flat, "redis", "read")
+        try:
+            await self._install(plan, flat, "redis", "read")
+        except ValueError as exc:
+            log.error("bad plan in the store; keeping the last one", extra=kv(error=str(exc)))
 
-    def _install(self, plan, flat: bool, source: str, event: str) -> None:
+    async def _install(self, plan, flat: bool, source: str, event: str) -> None:
+        if plan is not None and plan is self.router.plan:      # a mode change: nothing to prepare
+            prepared = None
+        else:
+            prepared = await asyncio.to_thread(self.router.prepare, plan)
+        self._apply(prepared, flat, source, event)
+
+    def _apply(self, prepared: Prepared | None, flat: bool, source: str, event: str) -> None:
+        """On the loop, constant time: the prepared plan (None: the installed one) and the mode."""
         before = (self.router.plan_version, self.router.flat)
-        self.router.set_plan(plan, flat=flat, source=source)
+        if prepared is None:
+            self.router.set_plan(self.router.plan, flat=flat, source=source)
+        else:
+            self.router.install(prepared, flat=flat, source=source)
+        plan = self.router.plan
         self.updates += 1
         self._first.set()
         if before != (self.router.plan_version, flat):
