@@ -87,3 +87,33 @@ def test_remap_drops_unknown_members_and_empty_rows():
 def test_empty_table():
     t = ColumnarTable.from_mapping({}, 1)
     assert len(t) == 0 and not t and t.get("a") is None and dict(t.items()) == {}
+
+
+def test_the_router_installs_a_columnar_plan_reindexed_in_one_swap():
+    from services import codec
+    from services.core.planning import build_plan
+    from services.core.policy import Reason
+    from services.dispatcher.router import Router
+    from services.model import Replica
+
+    keys = [f"key-{i}" for i in range(400)]
+    plan = build_plan(keys, [1.0 + i % 5 for i in range(400)], ("b", "gone", "a"), q_cap=1e6, warm_slots=400)
+    router = Router([Replica("a", "127.0.0.1:1"), Replica("b", "127.0.0.1:2")], seed=1)
+    for i in range(2):
+        router.set_healthy(i, True)
+    old = router.policy
+    prepared = router.prepare(plan)
+    assert router.policy is old and router.plan is None          # preparing changes nothing routed
+    router.install(prepared, flat=False, source="test")
+    assert router.policy is prepared.policy and router.plan_version == plan.version
+    assert isinstance(router.plan.table, ColumnarTable) and router.plan.table == plan.table
+    ids = plan.replica_ids
+    for k in keys:
+        local = {("a", "b").index(ids[m]) for m in plan.table[k] if ids[m] != "gone"}
+        pick = router.route(k, 0.0)
+        assert (pick.reason == Reason.PLANNED and pick.replica in local) if local else pick.reason == Reason.COLD
+    same = router.policy
+    router.set_plan(router.plan, flat=True, source="redis")     # a mode change swaps nothing
+    assert router.policy is same and router.flat and router.route("key-1", 0.0).reason == Reason.FALLBACK
+    msg = codec.plan_to_proto(router.plan, columnar=True)
+    assert codec.plan_from_proto(msg).table == plan.table
