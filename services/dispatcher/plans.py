@@ -97,6 +97,7 @@ class PlanFeed:
                     if parts is None:
                         continue          # more chunks of this update follow
                 await self._apply_update(update, parts)
+                parts = update = None     # the slices (tens of MB at a million keys) go now, not at the next update
                 got = True
         except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not got:

@@ -72,10 +72,14 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
 
     async def _plan(self, version: int) -> Plan:
         if version not in self._plans:
-            self._plans[version] = await self.store.get_plan(version)
-            while len(self._plans) > 4:
-                self._plans.popitem(last=False)
+            self._remember(await self.store.get_plan(version))
+        self._plans.move_to_end(version)
         return self._plans[version]
+
+    def _remember(self, plan: Plan) -> None:
+        self._plans[plan.version] = plan
+        while len(self._plans) > 4:
+            self._plans.popitem(last=False)
 
     def forget_plans(self) -> None:
         """Drop cached plans (the store lost its state, so they may no longer exist)."""
@@ -89,6 +93,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             self._columns[version] = await asyncio.to_thread(codec.table_columns, plan)
             while len(self._columns) > 2:
                 self._columns.popitem(last=False)
+        self._columns.move_to_end(version)
         return self._columns[version]
 
     async def _plan_chunks(self, version: int, budget: int, columnar: bool = False) -> list:
@@ -226,6 +231,11 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         async def activate(plan: Plan, state: ControlState, verdict: tuple) -> planner_pb2.BuildPlanResponse:
             passed, answer = verdict
             activated = request.activate and passed
+            # stored: keep the plan we have rather than decode it back from the store when it is
+            # activated or paged (a million keys: seconds of JSON), and its columns when it waits
+            self._remember(plan)
+            if not activated:
+                await self._plan_columns(plan.version, plan)
             if activated:
                 await self.store.activate(plan.version, expected=request.expected_active_version, now=now,
                                           reason="BuildPlan (shadow gate passed)" if request.shadow else "BuildPlan")
