@@ -252,8 +252,13 @@ class ColumnarTable(Mapping):
     def _rows(self) -> Iterator[tuple[int, ...]]:
         roffs = self._roffs
         for c in range(0, self._n, CHUNK):
-            o = roffs[c:c + CHUNK + 1].tolist()
+            offs = roffs[c:c + CHUNK + 1]
+            o = offs.tolist()
             flat = self._members[o[0]:o[-1]].tolist()
+            widths = np.diff(offs)
+            if widths.size and widths.min() == widths.max():      # every row as wide: tuples in C
+                yield from zip(*[iter(flat)] * int(widths[0]))
+                continue
             base = o[0]
             yield from (tuple(flat[a - base:b - base]) for a, b in itertools.pairwise(o))
 
