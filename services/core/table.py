@@ -221,11 +221,28 @@ class ColumnarTable(Mapping):
         return -1
 
     def get(self, key, default=None):
-        r = self.find(key)
-        if r < 0:
+        """The hot path: `find` inlined (a method call is a tenth of the lookup)."""
+        if not isinstance(key, str):
             return default
-        rv = self._rv
-        return tuple(self._mv[rv[r]:rv[r + 1]])
+        h = hash(key)
+        hv = self._hv
+        i = bisect.bisect_left(hv, h)
+        n = self._n
+        if i == n or hv[i] != h:
+            return default
+        try:
+            kb = key.encode("utf-8")
+        except UnicodeEncodeError:
+            return default
+        kv, keys, ov = self._kv, self._keys, self._ov
+        while i < n and hv[i] == h:
+            r = ov[i]
+            a = kv[r]
+            if kv[r + 1] - a == len(kb) and keys.startswith(kb, a):
+                rv = self._rv
+                return tuple(self._mv[rv[r]:rv[r + 1]])
+            i += 1
+        return default
 
     def __getitem__(self, key) -> tuple[int, ...]:
         r = self.find(key)
