@@ -15,11 +15,18 @@ update as they are, and decodes, indexes and prepares them in one worker thread
 (codec.plan_from_slices + Router.prepare); the loop then swaps the result in at once
 (Router.install). The same holds for a plan read from the store. An update naming the
 version already installed changes only the mode (plans are immutable per version).
+
+After a large install the replaced plan's memory is handed back to the OS (glibc
+`malloc_trim`, in the worker thread): glibc raises its mmap threshold after freeing large
+blocks, so without it the next plans' arrays come from the heap and a replaced plan stays
+resident (measured: +20 MiB per 128,824-key plan change without the trim).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import random
 
@@ -35,6 +42,18 @@ from services.rpc import Backoff, TLSFiles, aio_channel, kv, stop_tasks
 from services.store import Store
 
 log = logging.getLogger("cacheroute.dispatcher.plans")
+TRIM_KEYS = 10_000          # trim the heap after installing a plan of at least this many keys
+
+
+def _libc_trim():
+    """glibc's malloc_trim(0), or None where there is none (musl, macOS)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _libc_trim()
 
 
 class PlanFeed:
@@ -97,7 +116,10 @@ class PlanFeed:
                     if parts is None:
                         continue          # more chunks of this update follow
                 await self._apply_update(update, parts)
+                installed = parts is not None and len(parts) > 0
                 parts = update = None     # the slices (tens of MB at a million keys) go now, not at the next update
+                if installed:
+                    await self._trim()
                 got = True
         except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not got:
@@ -118,6 +140,11 @@ class PlanFeed:
         else:
             prepared = await asyncio.to_thread(self._decode, parts)
             self._apply(prepared, flat, "watch", update.event)
+
+    async def _trim(self) -> None:
+        plan = self.router.plan
+        if _TRIM is not None and plan is not None and len(plan.table) >= TRIM_KEYS:
+            await asyncio.to_thread(_TRIM, 0)
 
     def _decode(self, parts: list) -> Prepared:
         """Worker thread: the update's slices -> a prepared, columnar plan (ValueError if invalid)."""
@@ -149,6 +176,9 @@ class PlanFeed:
         else:
             prepared = await asyncio.to_thread(self.router.prepare, plan)
         self._apply(prepared, flat, source, event)
+        if prepared is not None:
+            del prepared, plan
+            await self._trim()
 
     def _apply(self, prepared: Prepared | None, flat: bool, source: str, event: str) -> None:
         """On the loop, constant time: the prepared plan (None: the installed one) and the mode."""
