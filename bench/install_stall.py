@@ -9,7 +9,8 @@ the next 5 ms after the previous one started or at once if it took longer), the 
 activated (ActivatePlan, a constant-time call), and probing goes on until the dispatcher
 has routed by the new version for `--after` seconds.
 
-Printed per plan: probes sent, failed (an error or no answer within 5 s), max and p99 wait
+Printed per plan: the probes' max wait in the `before` seconds ahead of the activation (what
+the loaded machine alone costs), then from the activation on: probes sent, failed (an error or no answer within 5 s), max and p99 wait
 of each probe kind, the time from activation until a Route answer carries the new version
 ("routed"), and the dispatcher's VmRSS before and after with the growth per admitted key
 (the first plan against the stack's idle dispatcher; later plans replace the previous one).
@@ -69,8 +70,10 @@ def rss_kib(pid: int) -> int:
 class Probes:
     """What the probes saw while one plan was activated."""
 
-    route: list[float] = field(default_factory=list)     # seconds per Route
-    health: list[float] = field(default_factory=list)    # seconds per GET /health
+    route: list[float] = field(default_factory=list)     # seconds per Route (from the activation on)
+    health: list[float] = field(default_factory=list)    # seconds per GET /health (from the activation on)
+    idle: list[float] = field(default_factory=list)      # both kinds, before the activation: the machine's noise
+    activated: float = float("inf")                      # monotonic time the activation was sent
     failures: list[str] = field(default_factory=list)
     routed_at: float | None = None                       # monotonic time of the first answer by the new version
 
@@ -86,9 +89,9 @@ async def probe(dispatcher: str, http_url: str, probe_key: str, version: int, st
                 out: Probes) -> None:
     """Probe Route and /health every PERIOD until `stop` is set."""
     async def every(name: str, call) -> None:
-        waits = out.route if name == "route" else out.health
         while not stop.is_set():
             t0 = time.monotonic()
+            waits = out.idle if t0 < out.activated else out.route if name == "route" else out.health
             try:
                 await asyncio.wait_for(call(), PROBE_TIMEOUT)
             except Exception as exc:            # noqa: BLE001: any failure counts, named
@@ -125,6 +128,7 @@ def activate_with_probes(stack: Stack, client: CacheRouteClient, version: int, e
         stop = asyncio.Event()
         task = asyncio.create_task(probe(stack.dispatchers[0], stack.http[0], probe_key, version, stop, out))
         await asyncio.sleep(before)
+        out.activated = time.monotonic()
         # activation from a thread, so the probing loop is not held by the call
         await asyncio.to_thread(client.activate_plan, version, expected, "install_stall", timeout=30)
         activated.append(time.monotonic())
@@ -174,14 +178,15 @@ def run(keys: int, plans: int, engines: int, after: float) -> list[dict]:
 
 
 def report(rows: list[dict]) -> None:
-    print("| keys | plan | probes | failed | Route max / p99 ms | /health max / p99 ms | routed s | "
+    print("| keys | plan | idle max ms | probes | failed | Route max / p99 ms | /health max / p99 ms | routed s | "
           "RSS before -> after MiB | bytes/key | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         p: Probes = r["probes"]
         growth = (r["rss1"] - r["rss0"]) * 1024 / r["keys"]
         routed = "never" if r["routed"] is None else f"{r['routed']:.2f}"
-        print(f"| {r['keys']:,} | {r['plan']} | {len(p.route) + len(p.health)} | {len(p.failures)} | "
+        print(f"| {r['keys']:,} | {r['plan']} | {max(p.idle, default=float('nan')) * 1e3:.1f} | "
+              f"{len(p.route) + len(p.health)} | {len(p.failures)} | "
               f"{max(p.route) * 1e3:.1f} / {p.pct(p.route, 0.99) * 1e3:.1f} | "
               f"{max(p.health) * 1e3:.1f} / {p.pct(p.health, 0.99) * 1e3:.1f} | {routed} | "
               f"{r['rss0'] / 1024:.0f} -> {r['rss1'] / 1024:.0f} | {growth:.0f} | "
