@@ -10,11 +10,12 @@ everywhere), stored as a handful of numpy arrays. For n keys in table order:
     hashes    int64[n]       Python's hash() of each key, sorted
     order     uint32[n]      the row of each sorted hash
 
-Cost: 22 + 2 x replicas + len(key) bytes per key (a dict of tuples costs ~250). `ColumnarRates`
+Cost: 22 (+ <= 4 of range index) + 2 x replicas + len(key) bytes per key (a dict of tuples costs ~250). `ColumnarRates`
 adds 8 (float64) on the same index.
 
-Lookup (`get`, the dispatcher's hot path): hash the key, bisect the sorted hashes (a C
-bisect over a memoryview, ~20 steps at a million keys), then compare the key's UTF-8 bytes
+Lookup (`get`, the dispatcher's hot path): hash the key, bisect the sorted hashes within
+the key's range of the hash space (`buckets`: the first sorted hash of each of ~n ranges, so
+a C bisect over a memoryview of a few entries), then compare the key's UTF-8 bytes
 with the stored ones. Equal hashes of different keys (a 64-bit collision) are walked in
 order, so a collision costs one more comparison and can never return another key's row.
 Why the key bytes and not a 128-bit hash: the table must keep them anyway (iteration,
@@ -66,7 +67,7 @@ def _key_chunks(keys: bytes, offs: np.ndarray) -> Iterator[list[str]]:
 
 class ColumnarTable(Mapping):
     __slots__ = ("_keys", "_koffs", "_roffs", "_members", "_hashes", "_order", "_n",
-                 "_hv", "_ov", "_kv", "_rv", "_mv")
+                 "_hv", "_ov", "_kv", "_rv", "_mv", "_shift", "_buckets", "_bv")
 
     def __init__(self, keys: bytes, key_offs: np.ndarray, row_offs: np.ndarray, members: np.ndarray,
                  hashes: np.ndarray, order: np.ndarray) -> None:
@@ -76,6 +77,13 @@ class ColumnarTable(Mapping):
         # memoryviews: indexing one returns a Python int in C, ~5x faster than a numpy scalar
         self._hv, self._ov = memoryview(hashes), memoryview(order)
         self._kv, self._rv, self._mv = memoryview(key_offs), memoryview(row_offs), memoryview(members)
+        # the first sorted hash of each of 2^bits ranges of the hash space (about one key per
+        # range, at most 2^20 ranges: <= 4 bytes per key), so a lookup bisects a few entries
+        bits = max(1, min(20, int(self._n).bit_length()))
+        self._shift = 64 - bits
+        edges = ((np.arange(1 << bits, dtype=np.uint64) << np.uint64(self._shift)) ^ np.uint64(1 << 63)).view(np.int64)
+        self._buckets = np.append(np.searchsorted(hashes, edges), self._n).astype(np.uint32)
+        self._bv = memoryview(self._buckets)
 
     # ------------------------------------------------------------ building
 
@@ -173,7 +181,7 @@ class ColumnarTable(Mapping):
 
     def nbytes(self) -> int:
         return len(self._keys) + sum(a.nbytes for a in (self._koffs, self._roffs, self._members, self._hashes,
-                                                        self._order))
+                                                        self._order, self._buckets))
 
     def remap(self, moved: np.ndarray) -> "ColumnarTable":
         """The table with replica i renamed moved[i]; members mapped to -1 are dropped, and a
@@ -203,8 +211,9 @@ class ColumnarTable(Mapping):
         if not isinstance(key, str):
             return -1
         h = hash(key)
-        hv = self._hv
-        i = bisect.bisect_left(hv, h)
+        hv, bv = self._hv, self._bv
+        b = (h + 0x8000000000000000) >> self._shift
+        i = bisect.bisect_left(hv, h, bv[b], bv[b + 1])
         if i == self._n or hv[i] != h:
             return -1
         try:
@@ -225,8 +234,9 @@ class ColumnarTable(Mapping):
         if not isinstance(key, str):
             return default
         h = hash(key)
-        hv = self._hv
-        i = bisect.bisect_left(hv, h)
+        hv, bv = self._hv, self._bv
+        b = (h + 0x8000000000000000) >> self._shift
+        i = bisect.bisect_left(hv, h, bv[b], bv[b + 1])
         n = self._n
         if i == n or hv[i] != h:
             return default
