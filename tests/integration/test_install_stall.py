@@ -2,10 +2,9 @@
 indexed and prepared off its event loop and swapped in at once.
 
 Processes as in production (services/stack.py); probes on gRPC Route and HTTP /health every
-5 ms from this process while a 200,000-key plan is activated. Bounded and robust on a loaded
-machine: no probe may fail and none may wait more than MAX_WAIT (generous: before this work
-the loop decoded such a plan in one go, seconds without an answer), and the dispatcher must
-route by the new plan.
+5 ms from this process while a 400,000-key plan is activated. Bounded and robust on a loaded
+machine: no probe may fail and none may wait more than MAX_WAIT (or 4x the idle noise), and
+the dispatcher must route by the new plan. Checked to fail when the decode runs on the loop.
 """
 
 from __future__ import annotations
@@ -18,8 +17,11 @@ from clients.client import CacheRouteClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import install_stall  # noqa: E402
 
-KEYS = 200_000
-MAX_WAIT = 2.0          # seconds; the goal on a quiet machine is 0.05-0.1 (bench/install_stall.py)
+KEYS = 400_000
+# Seconds a probe may wait during the install, or 4x the longest wait in the idle second before
+# it when the machine is that loaded. Measured at load 6-9, 200k-400k keys: 0.09-0.26 s with the decode off the
+# loop; 0.78-1.03 s with the same columnar decode run on the loop (and seconds before this work).
+MAX_WAIT = 0.5
 
 
 def test_a_dispatcher_keeps_answering_while_it_installs_a_large_plan():
@@ -34,5 +36,6 @@ def test_a_dispatcher_keeps_answering_while_it_installs_a_large_plan():
     waits = probes.route + probes.health
     assert not probes.failures, probes.failures[:3]
     assert len(probes.route) > 20 and len(probes.health) > 20
-    assert max(waits) < MAX_WAIT, f"a probe waited {max(waits):.2f}s"
+    bound = max(MAX_WAIT, 4 * max(probes.idle))
+    assert max(waits) < bound, f"a probe waited {max(waits):.2f}s (idle: {max(probes.idle):.2f}s)"
     assert probes.routed_at is not None, "the dispatcher never routed by the new plan"
