@@ -68,7 +68,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         self.max_message_bytes = max_message_bytes
         self._plans: OrderedDict[int, Plan] = OrderedDict()   # small cache of decoded plans
         self._chunks: OrderedDict[tuple[int, int, bool], list] = OrderedDict()   # (version, budget, columnar)
-        self._columns: OrderedDict[int, codec.Columns] = OrderedDict()   # version -> its table in columns
+        self._columns: OrderedDict[int, codec.Columns | None] = OrderedDict()   # version -> its table in columns
 
     async def _plan(self, version: int) -> Plan:
         if version not in self._plans:
@@ -87,10 +87,15 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         self._chunks.clear()
         self._columns.clear()
 
-    async def _plan_columns(self, version: int, plan: Plan) -> codec.Columns:
-        """A version's table in columns, computed once (in a thread) for every page and watcher."""
+    async def _plan_columns(self, version: int, plan: Plan) -> codec.Columns | None:
+        """A version's table in columns, computed once (in a thread) for every page and watcher;
+        None for a plan the column widths cannot hold (a key on more than 255 replicas, more
+        than 65,535 replicas): it is sent one entry per key, which every reader decodes too."""
         if version not in self._columns:
-            self._columns[version] = await asyncio.to_thread(codec.table_columns, plan)
+            try:
+                self._columns[version] = await asyncio.to_thread(codec.table_columns, plan)
+            except ValueError:
+                self._columns[version] = None
             while len(self._columns) > 2:
                 self._columns.popitem(last=False)
         self._columns.move_to_end(version)
