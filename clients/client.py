@@ -25,7 +25,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Sequence
 
 import grpc
 
@@ -89,6 +89,32 @@ def _complete(update: planner_pb2.PlanUpdate, slices: SliceAssembler) -> bool:
         return False
     update.plan.CopyFrom(whole)
     return True
+
+
+STREAM_BUDGET = 4 * 1024 * 1024 - 4096   # bytes of one BuildPlanStream message (under a default planner's limit)
+
+
+def build_requests(rates: Sequence[planner_pb2.KeyRate] | Mapping[str, float], budget: int = STREAM_BUDGET,
+                   **fields: Any) -> list[planner_pb2.BuildPlanRequest]:
+    """BuildPlan's request, or, when its rates would exceed `budget` bytes, the messages of a
+    BuildPlanStream: the first with every field and the first slice of rates, then slices of
+    rates alone (each within `budget`, by an upper bound of each KeyRate's size)."""
+    if isinstance(rates, Mapping):
+        rows = [planner_pb2.KeyRate(key=k, rate=v) for k, v in rates.items()]
+        sizes = [len(k.encode("utf-8")) + 24 for k in rates]
+    else:
+        rows = list(rates)
+        sizes = [r.ByteSize() + 6 for r in rows]
+    head = planner_pb2.BuildPlanRequest(**fields)
+    out, start, used = [], 0, head.ByteSize()
+    for i, size in enumerate(sizes):
+        if used + size > budget and i > start:
+            out.append(rows[start:i])
+            start, used = i, 0
+        used += size
+    out.append(rows[start:])
+    head.rates.extend(out[0])
+    return [head] + [planner_pb2.BuildPlanRequest(rates=part) for part in out[1:]]
 
 
 def _mode(mode: str | int) -> int:
@@ -321,16 +347,21 @@ class CacheRouteClient(_Base):
 
     def build_plan(self, rates: Sequence[planner_pb2.KeyRate] | dict[str, float] = (), *, replica_ids: Sequence[str] = (),
                    q_cap: float = 0.0, warm_slots: int = 0, incremental: bool = False, activate: bool = False,
-                   expected_active_version: int = 0, shadow: bool = False,
+                   expected_active_version: int = 0, shadow: bool = False, whole: bool = True,
                    timeout: float | None = None) -> planner_pb2.BuildPlanResponse:
-        """Build and store a candidate from explicit rates (key -> req/s) or the telemetry window (no rates)."""
-        if isinstance(rates, dict):
-            rates = [planner_pb2.KeyRate(key=k, rate=v) for k, v in rates.items()]
-        req = planner_pb2.BuildPlanRequest(rates=rates, replica_ids=replica_ids, q_cap=q_cap, warm_slots=warm_slots,
-                                           incremental=incremental, activate=activate,
-                                           expected_active_version=expected_active_version, shadow=shadow)
-        reply = self._call(self._planners, "BuildPlan", req, idempotent=False, timeout=timeout, metadata=self._auth())
-        if reply.plan.table_size:   # a table above the message limit: its first slice; page the rest
+        """Build and store a candidate from explicit rates (key -> req/s) or the telemetry window
+        (no rates). Rates above one message go as a BuildPlanStream. `whole`: page in the rest
+        of a table above the message limit (False: the answer keeps only its first slice)."""
+        reqs = build_requests(rates, min(STREAM_BUDGET, self._max_message_bytes - 4096), replica_ids=replica_ids,
+                              q_cap=q_cap, warm_slots=warm_slots, incremental=incremental, activate=activate,
+                              expected_active_version=expected_active_version, shadow=shadow)
+        if len(reqs) == 1:
+            reply = self._call(self._planners, "BuildPlan", reqs[0], idempotent=False, timeout=timeout,
+                               metadata=self._auth())
+        else:
+            reply = self._call(self._planners, "BuildPlanStream", iter(reqs), idempotent=False, timeout=timeout,
+                               metadata=self._auth())
+        if whole and reply.plan.table_size:   # a table above the message limit: its first slice; page the rest
             reply.plan.CopyFrom(self.get_plan(reply.plan.version, timeout=timeout))
         return reply
 
@@ -492,15 +523,15 @@ class AsyncCacheRouteClient(_Base):
     async def build_plan(self, rates: Sequence[planner_pb2.KeyRate] | dict[str, float] = (), *,
                          replica_ids: Sequence[str] = (), q_cap: float = 0.0, warm_slots: int = 0,
                          incremental: bool = False, activate: bool = False, expected_active_version: int = 0,
-                         shadow: bool = False, timeout: float | None = None) -> planner_pb2.BuildPlanResponse:
-        if isinstance(rates, dict):
-            rates = [planner_pb2.KeyRate(key=k, rate=v) for k, v in rates.items()]
-        req = planner_pb2.BuildPlanRequest(rates=rates, replica_ids=replica_ids, q_cap=q_cap, warm_slots=warm_slots,
-                                           incremental=incremental, activate=activate,
-                                           expected_active_version=expected_active_version, shadow=shadow)
-        reply = await self._call(self._planners, "BuildPlan", req, idempotent=False, timeout=timeout,
+                         shadow: bool = False, whole: bool = True,
+                         timeout: float | None = None) -> planner_pb2.BuildPlanResponse:
+        reqs = build_requests(rates, min(STREAM_BUDGET, self._max_message_bytes - 4096), replica_ids=replica_ids,
+                              q_cap=q_cap, warm_slots=warm_slots, incremental=incremental, activate=activate,
+                              expected_active_version=expected_active_version, shadow=shadow)
+        method, arg = ("BuildPlan", reqs[0]) if len(reqs) == 1 else ("BuildPlanStream", iter(reqs))
+        reply = await self._call(self._planners, method, arg, idempotent=False, timeout=timeout,
                                  metadata=self._auth())
-        if reply.plan.table_size:
+        if whole and reply.plan.table_size:
             reply.plan.CopyFrom(await self.get_plan(reply.plan.version, timeout=timeout))
         return reply
 

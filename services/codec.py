@@ -5,8 +5,11 @@ name, with `replicas` holding the replica ids and `table` mapping key -> list of
 indices into `replicas`; `decision` and `shadow` are objects or null; `churn` is null without
 a parent. Floats round-trip exactly (orjson writes the shortest repr).
 
-Protobuf: one PlanEntry (key, replica indices, rate) per admitted key in table order; the
-build inputs go in PlanInputs. `extra` has no wire field and is dropped, except the window's
+Protobuf: one PlanEntry (key, replica indices, rate) per admitted key in table order, or, for
+a reader that asks for them, the table in columns (`PlanColumns`: the keys as one blob, key
+lengths, replica counts, replica indices and rates as little-endian arrays; `Columns` here),
+decoded into a `ColumnarTable` (services.core.table) or a dict; the build inputs go in
+PlanInputs. `extra` has no wire field and is dropped, except the window's
 available and achieved hit rates (prefix plans), which have their own; `churn` travels as
 `has_parent` + `churn` (has_parent is true exactly when the plan carries a churn figure).
 """
@@ -14,6 +17,7 @@ available and achieved hit rates (prefix plans), which have their own; `churn` t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -26,6 +30,7 @@ import orjson
 from cacheroute.v1 import common_pb2
 from services.core.plan import Plan, ShadowReport, SwitchDecision
 from services.core.prefixes import PrefixEntry, node_name, parse_node_name
+from services.core.table import MAX_REPLICAS, MAX_ROW, ColumnarRates, ColumnarTable
 
 FORMAT = "cacheroute.plan/1"
 HIT_RATES = ("available_hit_rate", "achieved_hit_rate")     # the only `extra` figures on the wire
@@ -155,6 +160,35 @@ def check_plan(plan: Plan) -> None:
         raise ValueError("plan has duplicate replica ids")
     if len(plan.expected_load) != n:
         raise ValueError(f"plan has {len(plan.expected_load)} expected loads for {n} replicas")
+    if isinstance(plan.table, ColumnarTable):
+        _check_columnar(plan)
+    else:
+        _check_rows(plan)
+    if not all(math.isfinite(x) for x in plan.expected_load):
+        raise ValueError("plan has a non-finite expected load")
+    for name, entry in plan.prefixes.items():
+        row = entry.replicas
+        if not row or len(set(row)) != len(row) or not all(0 <= i < n for i in row):
+            raise ValueError(f"plan row for prefix {name} is not a set of distinct replica indices < {n}: {list(row)}")
+        if not (math.isfinite(entry.rate) and entry.rate >= 0 and entry.tokens >= 0):
+            raise ValueError(f"plan prefix {name} has a negative or non-finite rate or token count")
+
+
+def _check_columnar(plan: Plan) -> None:
+    """A ColumnarTable checked its rows when it was built; what is left: indices below this
+    plan's replica count, and rates over the same keys."""
+    n, table = len(plan.replica_ids), plan.table
+    if table.members.size and int(table.members.max()) >= n:
+        raise ValueError(f"plan row has a replica index {int(table.members.max())} >= {n}")
+    rates = plan.rates
+    if isinstance(rates, ColumnarRates) and rates.table is table:
+        return
+    if any(key not in table for key in rates):
+        raise ValueError("plan has rates for keys outside its table")
+
+
+def _check_rows(plan: Plan) -> None:
+    n = len(plan.replica_ids)
     # vectorised over the table (a million rows); the slow scan below only names the culprit
     rows = list(plan.table.values())
     lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -167,14 +201,6 @@ def check_plan(plan: Plan) -> None:
             raise ValueError(f"plan row for key {key!r} is not a set of distinct replica indices < {n}: {list(row)}")
     if set(plan.rates) - set(plan.table):
         raise ValueError("plan has rates for keys outside its table")
-    if not all(math.isfinite(x) for x in plan.expected_load):
-        raise ValueError("plan has a non-finite expected load")
-    for name, entry in plan.prefixes.items():
-        row = entry.replicas
-        if not row or len(set(row)) != len(row) or not all(0 <= i < n for i in row):
-            raise ValueError(f"plan row for prefix {name} is not a set of distinct replica indices < {n}: {list(row)}")
-        if not (math.isfinite(entry.rate) and entry.rate >= 0 and entry.tokens >= 0):
-            raise ValueError(f"plan prefix {name} has a negative or non-finite rate or token count")
 
 
 def plan_to_json(plan: Plan) -> bytes:
@@ -223,7 +249,8 @@ def shadow_from_proto(msg: common_pb2.ShadowReport) -> ShadowReport:
     return ShadowReport(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(ShadowReport)})
 
 
-def plan_to_proto(plan: Plan) -> common_pb2.Plan:
+def plan_header_proto(plan: Plan) -> common_pb2.Plan:
+    """Every field of the plan but its table."""
     msg = common_pb2.Plan(
         version=plan.version,
         parent_version=plan.parent_version,
@@ -240,9 +267,6 @@ def plan_to_proto(plan: Plan) -> common_pb2.Plan:
         has_parent=plan.churn is not None,
         builder=plan.builder,
     )
-    rates = plan.rates
-    msg.table.extend(common_pb2.PlanEntry(key=key, replicas=row, rate=rates.get(key, 0.0))
-                     for key, row in plan.table.items())
     msg.prefixes.extend(common_pb2.PrefixEntry(node=parse_node_name(name), replicas=e.replicas, rate=e.rate,
                                                tokens=e.tokens, keys=e.keys)
                         for name, e in plan.prefixes.items())
@@ -256,13 +280,48 @@ def plan_to_proto(plan: Plan) -> common_pb2.Plan:
     return msg
 
 
-def plan_from_proto(msg: common_pb2.Plan) -> Plan:
-    """Decode; ValueError (one line) when the message is not a valid plan."""
-    entries = msg.table
-    keys = [e.key for e in entries]
-    table = dict(zip(keys, (tuple(e.replicas) for e in entries)))
-    if len(table) != len(entries):
-        raise ValueError("plan message repeats a key")
+def plan_to_proto(plan: Plan, columnar: bool = False) -> common_pb2.Plan:
+    """The whole plan; `columnar`: its table as Plan.columns instead of one entry per key."""
+    msg = plan_header_proto(plan)
+    if columnar:
+        msg.columns.CopyFrom(table_columns(plan).to_proto())
+        return msg
+    rates = plan.rates
+    msg.table.extend(common_pb2.PlanEntry(key=key, replicas=row, rate=rates.get(key, 0.0))
+                     for key, row in plan.table.items())
+    return msg
+
+
+def plan_from_proto(msg: common_pb2.Plan, columnar: bool = False) -> Plan:
+    """Decode; ValueError (one line) when the message is not a valid plan. `columnar`: the
+    table as a ColumnarTable (the dispatcher's), else a dict, whichever form it came in."""
+    return plan_from_slices([msg], columnar)
+
+
+def plan_from_slices(msgs: list[common_pb2.Plan], columnar: bool = False) -> Plan:
+    """Decode a plan from its consecutive table slices (services.planwire; the first carries
+    every other field), without joining the messages first."""
+    head = msgs[0]
+    if any(m.HasField("columns") for m in msgs):
+        if any(m.table for m in msgs):
+            raise ValueError("plan message has both a table and table columns")
+        cols = Columns.from_proto([m.columns for m in msgs])
+        table = ColumnarTable.from_columns(cols.keys, cols.key_lengths, cols.counts, cols.members,
+                                           max(1, min(len(head.inputs.replica_ids), MAX_REPLICAS)))
+        rates: Mapping[str, float] = ColumnarRates(table, cols.rates)
+        if not columnar:
+            table, rates = dict(table.items()), dict(rates.items())
+    else:
+        entries = [e for m in msgs for e in m.table] if len(msgs) > 1 else msgs[0].table
+        keys = [e.key for e in entries]
+        table = dict(zip(keys, (tuple(e.replicas) for e in entries)))
+        if len(table) != len(entries):
+            raise ValueError("plan message repeats a key")
+        rates = dict(zip(keys, (e.rate for e in entries)))
+        if columnar:
+            table = ColumnarTable.from_mapping(table, max(1, min(len(head.inputs.replica_ids), MAX_REPLICAS)))
+            rates = ColumnarRates(table, np.fromiter(rates.values(), dtype=np.float64, count=len(rates)))
+    msg = head
     plan = Plan(
         version=msg.version,
         parent_version=msg.parent_version,
@@ -271,7 +330,7 @@ def plan_from_proto(msg: common_pb2.Plan) -> Plan:
         q_cap=msg.inputs.q_cap,
         warm_slots=msg.inputs.warm_slots,
         table=table,
-        rates=dict(zip(keys, (e.rate for e in entries))),
+        rates=rates,
         expected_load=tuple(msg.expected_load),
         predicted_imbalance=msg.predicted_imbalance,
         total_keys=msg.total_keys,
@@ -290,6 +349,100 @@ def plan_from_proto(msg: common_pb2.Plan) -> Plan:
         raise ValueError("plan message repeats a prefix node")
     check_plan(plan)
     return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# the table in columns (PlanColumns)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Columns:
+    """A plan table as arrays, table order: what PlanColumns carries (common.proto)."""
+
+    keys: bytes                 # UTF-8 keys back to back
+    key_lengths: np.ndarray     # uint32[n]
+    counts: np.ndarray          # uint8[n]
+    members: np.ndarray         # uint16[sum(counts)]
+    rates: np.ndarray           # float64[n]
+
+    def __len__(self) -> int:
+        return int(self.key_lengths.size)
+
+    @functools.cached_property
+    def key_offs(self) -> np.ndarray:
+        return np.concatenate(([0], np.cumsum(self.key_lengths, dtype=np.int64)))
+
+    @functools.cached_property
+    def row_offs(self) -> np.ndarray:
+        return np.concatenate(([0], np.cumsum(self.counts, dtype=np.int64)))
+
+    @functools.cached_property
+    def entry_bytes(self) -> np.ndarray:
+        """Bytes each key adds to a PlanColumns message (key, length, count, indices, rate)."""
+        return self.key_lengths.astype(np.int64) + 13 + 2 * self.counts.astype(np.int64)
+
+    def to_proto(self, start: int = 0, stop: int | None = None) -> common_pb2.PlanColumns:
+        """Keys [start, stop) as one PlanColumns message."""
+        stop = len(self) if stop is None else stop
+        ko, ro = self.key_offs, self.row_offs
+        return common_pb2.PlanColumns(
+            keys=self.keys[ko[start]:ko[stop]],
+            key_lengths=self.key_lengths[start:stop].astype("<u4").tobytes(),
+            replica_counts=self.counts[start:stop].astype(np.uint8).tobytes(),
+            replicas=self.members[ro[start]:ro[stop]].astype("<u2").tobytes(),
+            rates=self.rates[start:stop].astype("<f8").tobytes())
+
+    @classmethod
+    def from_proto(cls, parts: list[common_pb2.PlanColumns]) -> "Columns":
+        """Arrays over the messages' bytes (no per-entry decoding); ValueError when a message's
+        arrays do not agree with each other."""
+        arrays = []
+        for c in parts:
+            if len(c.key_lengths) % 4 or len(c.replicas) % 2 or len(c.rates) % 8:
+                raise ValueError("plan columns: an array's bytes are not a whole number of entries")
+            lengths = np.frombuffer(c.key_lengths, dtype="<u4")
+            counts = np.frombuffer(c.replica_counts, dtype=np.uint8)
+            members = np.frombuffer(c.replicas, dtype="<u2")
+            rates = np.frombuffer(c.rates, dtype="<f8")
+            if not lengths.size == counts.size == rates.size:
+                raise ValueError(f"plan columns: {lengths.size} key lengths, {counts.size} replica counts "
+                                 f"and {rates.size} rates")
+            if int(lengths.sum(dtype=np.int64)) != len(c.keys) or int(counts.sum(dtype=np.int64)) != members.size:
+                raise ValueError("plan columns: key lengths or replica counts do not match the bytes sent")
+            arrays.append((c.keys, lengths, counts, members, rates))
+        if len(arrays) == 1:
+            return cls(*arrays[0])
+        keys, lengths, counts, members, rates = zip(*arrays)
+        return cls(b"".join(keys), np.concatenate(lengths), np.concatenate(counts), np.concatenate(members),
+                   np.concatenate(rates))
+
+
+def table_columns(plan: Plan) -> Columns:
+    """The plan's table (and rates) as Columns; ValueError when a plan cannot be sent in
+    columns (more than 65,535 replicas, or a key on more than 255)."""
+    table, rates = plan.table, plan.rates
+    if len(plan.replica_ids) > MAX_REPLICAS:
+        raise ValueError(f"a plan in columns lists at most {MAX_REPLICAS} replicas, this one {len(plan.replica_ids)}")
+    if isinstance(table, ColumnarTable):
+        counts = table.counts
+        if isinstance(rates, ColumnarRates) and rates.table is table:
+            values = rates.values_
+        else:
+            values = np.fromiter((rates.get(k, 0.0) for k in table), dtype=np.float64, count=len(table))
+        blob, lengths, members = table.keys_blob, table.key_lengths, table.members
+    else:
+        keys = list(table)
+        encoded = [k.encode("utf-8") for k in keys]
+        blob = b"".join(encoded)
+        lengths = np.fromiter(map(len, encoded), dtype=np.uint32, count=len(keys))
+        rows = list(table.values())
+        counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        members = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(counts.sum()))
+        values = np.fromiter(map(rates.get, keys, itertools.repeat(0.0)), dtype=np.float64, count=len(keys))
+    if counts.size and int(counts.max()) > MAX_ROW:
+        raise ValueError(f"a plan in columns puts a key on at most {MAX_ROW} replicas")
+    return Columns(blob, lengths.astype(np.uint32, copy=False), counts.astype(np.uint8),
+                   members.astype(np.uint16), values)
 
 
 def plan_summary(plan: Plan, active: bool = False, pinned: bool = False) -> common_pb2.PlanSummary:
@@ -313,3 +466,21 @@ def plan_summary(plan: Plan, active: bool = False, pinned: bool = False) -> comm
     if plan.shadow is not None:
         msg.shadow.CopyFrom(shadow_to_proto(plan.shadow))
     return msg
+
+
+def rates_for(table: ColumnarTable, rates: Mapping[str, float]) -> ColumnarRates:
+    """`rates` over a columnar table's index (0.0 for a key without one); shares the array
+    when `rates` is already over a table with the same rows."""
+    if isinstance(rates, ColumnarRates) and len(rates.table) == len(table) and \
+            (rates.table is table or rates.table.keys_blob is table.keys_blob):
+        return ColumnarRates(table, rates.values_)
+    return ColumnarRates(table, np.fromiter((rates.get(k, 0.0) for k in table), dtype=np.float64, count=len(table)))
+
+
+def columnar_plan(plan: Plan) -> Plan:
+    """The plan with its table (and rates) as a ColumnarTable: bytes per key, the form a
+    dispatcher keeps. A plan already columnar is returned as is."""
+    if isinstance(plan.table, ColumnarTable):
+        return plan
+    table = ColumnarTable.from_mapping(plan.table, max(1, min(len(plan.replica_ids), MAX_REPLICAS)))
+    return dataclasses.replace(plan, table=table, rates=rates_for(table, plan.rates))

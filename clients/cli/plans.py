@@ -1,5 +1,7 @@
 """`cacheroute plans ...`: read and control the planner's stored plan versions.
 
+  cacheroute plans build [--rates RATES.csv] [--replicas IDS] [--q-cap Q] [--warm-slots W]
+                        [--incremental] [--activate --expected N] [--shadow]
   cacheroute plans list [--limit N] [--before V]
   cacheroute plans show VERSION [--table]          (0: the active version)
   cacheroute plans diff A B [--max-moves N]        (B = 0: the active version)
@@ -8,6 +10,10 @@
   cacheroute plans mode planned|flat [--reason R]
   cacheroute plans pin [VERSION] | unpin
   cacheroute plans status
+
+`build` has the planner build (and store) a candidate from a `key,rate` CSV (as `cacheroute plan
+build` reads; a million keys go as a BuildPlanStream in slices) or, without --rates, from its
+telemetry window, and prints the plan without its table.
 
 Every command takes --planner ADDR (env CACHEROUTE_PLANNER, default 127.0.0.1:50051),
 --token-file F (env CACHEROUTE_AUTH_TOKEN_FILE, or the token itself in CACHEROUTE_AUTH_TOKEN)
@@ -49,6 +55,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         c.set_defaults(func=lambda args: _run(args, func))
         return c
 
+    c = cmd("build", _build, "build (and store; --activate: activate) a candidate on the planner")
+    c.add_argument("--rates", metavar="RATES.csv", help="CSV with header columns key,rate (default: the telemetry window)")
+    c.add_argument("--replicas", default="", help="comma-separated replica ids (default: the planner's)")
+    c.add_argument("--q-cap", type=float, default=0.0, help="req/s per replica at the knee (default: the planner's)")
+    c.add_argument("--warm-slots", type=int, default=0, help="W (default: the planner's)")
+    c.add_argument("--incremental", action="store_true", help="churn-aware placement from the active plan")
+    c.add_argument("--activate", action="store_true", help="activate after building (needs --expected)")
+    c.add_argument("--expected", type=int, default=None, help="the version you believe is active (0: none)")
+    c.add_argument("--shadow", action="store_true", help="run the shadow gate before activating")
     c = cmd("list", lambda cl, a: cl.list_plans(a.limit, a.before, timeout=a.timeout), "stored versions, newest first")
     c.add_argument("--limit", type=int, default=20)
     c.add_argument("--before", type=int, default=0, help="only versions below this one")
@@ -78,6 +93,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmd("status", lambda cl, a: cl.planner_status(timeout=a.timeout), "planner state")
 
 
+def _build(client: CacheRouteClient, args: argparse.Namespace) -> Any:
+    if args.activate and args.expected is None:
+        raise CliError("--activate needs --expected N (the version you believe is active; 0: none)")
+    if args.warm_slots < 0 or not 0 <= args.q_cap < float("inf"):
+        raise CliError("--q-cap and --warm-slots must be >= 0 (0: the planner's)")
+    rates: dict[str, float] = {}
+    if args.rates:
+        from clients.cli.plan import read_rates
+
+        keys, values = read_rates(args.rates)
+        rates = dict(zip(keys, values.tolist()))
+    reply = client.build_plan(rates, replica_ids=[r for r in args.replicas.split(",") if r], q_cap=args.q_cap,
+                              warm_slots=args.warm_slots, incremental=args.incremental, activate=args.activate,
+                              expected_active_version=args.expected or 0, shadow=args.shadow, whole=False,
+                              timeout=args.timeout)
+    del reply.plan.table[:]            # the summary, not a million entries
+    reply.plan.ClearField("columns")
+    reply.plan.table_offset = reply.plan.table_size = 0
+    return reply
+
+
 def _token(args: argparse.Namespace) -> str | None:
     try:
         return read_secret(env("AUTH_TOKEN") or None, args.token_file)
@@ -86,7 +122,8 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 # integer arguments and the width of the proto field each one fills
-_INTS = {"version": 64, "a": 64, "b": 64, "before": 64, "expected": 64, "to": 64, "limit": 32, "max_moves": 32}
+_INTS = {"version": 64, "a": 64, "b": 64, "before": 64, "expected": 64, "to": 64, "limit": 32, "max_moves": 32,
+         "warm_slots": 32}
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

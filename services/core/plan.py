@@ -2,7 +2,8 @@
 
 A plan maps each admitted key to the distinct replica indices that serve it. Replica
 indices refer to `replica_ids`. Building (sizing, admission, LPT placement) lives in
-`services.core.planning`; encoding to JSON and protobuf in `services.codec`.
+`services.core.planning`; encoding to JSON and protobuf in `services.codec`. A dispatcher's
+table is a `ColumnarTable` (services.core.table): the same Mapping, in bytes per key.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
+
+from services.core.table import ColumnarRates, ColumnarTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +71,11 @@ class Plan:
     prefixes: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # freeze the mappings so a stored plan cannot be edited in place
-        if not isinstance(self.table, MappingProxyType):
+        # freeze the mappings so a stored plan cannot be edited in place (a columnar table and
+        # its rates, services.core.table, are read-only already)
+        if not isinstance(self.table, (MappingProxyType, ColumnarTable)):
             object.__setattr__(self, "table", MappingProxyType(dict(self.table)))
-        if not isinstance(self.rates, MappingProxyType):
+        if not isinstance(self.rates, (MappingProxyType, ColumnarRates)):
             object.__setattr__(self, "rates", MappingProxyType(dict(self.rates)))
         if not isinstance(self.extra, MappingProxyType):
             object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))

@@ -16,6 +16,16 @@ Plans reference replicas by id; the dispatcher's replica order comes from its ow
 configuration, so a plan is re-indexed on arrival. Members the dispatcher does not know
 are dropped; a key left with none is cold.
 
+Installing a plan is two steps. `prepare(plan)` (any thread: the plan feed runs it in a
+worker thread, off the event loop) makes the table columnar (services.core.table: bytes per
+key), re-indexes it and builds a fresh policy object holding it; it reads nothing that
+routing writes. `install(prepared)` (the event loop) swaps that policy in with one
+reference assignment and sets the plan fields beside it, with no await in between, so a
+decision (which runs on the loop and reads `self.policy` once) sees the old plan or the new
+one, never a mix. The policies share one random generator, so a seeded run draws the same
+sequence across plan changes. `set_plan` does both at once (tests, benches, Redis reads of
+small plans); a mode change with the same plan swaps nothing.
+
 Hot path: `route(key)` does one policy pick, a few list updates and one append to a
 bounded telemetry buffer; no allocation beyond the tuple it appends.
 """
@@ -24,11 +34,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
+import numpy as np
+
+from services import codec
 from services.core.plan import Plan
-from services.core.policies import make_policy
+from services.core.policies.cacheroute import CacheRoutePolicy, prefix_policy
 from services.core.policy import ClusterState, Pick, Reason
+from services.core.table import ColumnarTable
 from services.core.prefixes import chain_ids
 from services.model import DEFAULT_COLD_TAIL, Replica
 
@@ -47,6 +61,13 @@ class _Probe:
         self.prefix_tokens = 0
 
 
+class Prepared(NamedTuple):
+    """A plan made ready off the event loop (Router.prepare), for Router.install."""
+
+    plan: Plan | None          # as the planner sent it (columnar table)
+    policy: object             # a fresh policy holding the re-indexed plan
+
+
 class Router:
     def __init__(self, replicas: Sequence[Replica], *, seed: int | None = None, cold: str = DEFAULT_COLD_TAIL,
                  telemetry_capacity: int = 100_000, prefix_nodes: bool = False) -> None:
@@ -56,8 +77,9 @@ class Router:
         n = len(self.replicas)
         # prefix_nodes: the simulator's `cacheroute-prefix` policy (prefix nodes, token balance)
         self.prefix_nodes = prefix_nodes
-        self.policy = make_policy("cacheroute-prefix" if prefix_nodes else "cacheroute", n,
-                                  seed=seed if seed is not None else 0, cold=cold)
+        self._policy_rng = random.Random(seed if seed is not None else 0)   # shared by every plan's policy
+        self._cold = cold
+        self.policy = self._new_policy()
         # the token-balance signal, ClusterState.prefill_tokens: the larger of the engine's reported
         # prefill backlog (EngineStats.prefill_tokens, shared by every dispatcher) and the prompt
         # tokens of this dispatcher's own Generate streams with no first token yet (all there is
@@ -168,31 +190,58 @@ class Router:
 
     # ------------------------------------------------------------ plan and mode
 
-    def set_plan(self, plan: Plan | None, *, flat: bool, source: str) -> None:
-        """Install the active plan (None: none) and mode, from the planner ("watch") or Redis ("redis")."""
-        local = self.reindex(plan) if plan is not None else None
-        self.policy.set_plan(local)
-        self.policy.set_flat_fallback(flat)   # type: ignore[attr-defined]
+    def _new_policy(self):
+        make = prefix_policy if self.prefix_nodes else CacheRoutePolicy
+        return make(len(self.replicas), rng=self._policy_rng, cold=self._cold)
+
+    def prepare(self, plan: Plan | None) -> Prepared:
+        """Everything an install costs that grows with the plan: columnar table, re-indexing,
+        the policy's checks. Safe in any thread (touches nothing routing reads)."""
+        if plan is not None:
+            plan = codec.columnar_plan(plan)
+        policy = self._new_policy()
+        policy.set_plan(self.reindex(plan) if plan is not None else None)
+        return Prepared(plan, policy)
+
+    def install(self, prepared: Prepared, *, flat: bool, source: str) -> None:
+        """Swap a prepared plan in (event loop; constant time)."""
+        plan, policy = prepared
+        policy.set_flat_fallback(flat)   # type: ignore[attr-defined]
+        self.policy = policy
         self.plan = plan
         self.plan_version = plan.version if plan is not None else 0
         self.flat = flat
         self.plan_source = source
+
+    def set_plan(self, plan: Plan | None, *, flat: bool, source: str) -> None:
+        """Install the active plan (None: none) and mode, from the planner ("watch") or Redis
+        ("redis"); the plan already installed: only the mode and source change."""
+        if plan is not None and plan is self.plan:
+            self.policy.set_flat_fallback(flat)   # type: ignore[attr-defined]
+            self.flat = flat
+            self.plan_source = source
+            return
+        self.install(self.prepare(plan), flat=flat, source=source)
 
     def reindex(self, plan: Plan) -> Plan:
         if tuple(plan.replica_ids) == self.ids:
             return plan
         index = self._index
         moved = [index.get(rid, -1) for rid in plan.replica_ids]
-        table: dict[str, tuple[int, ...]] = {}
-        for key, members in plan.table.items():
-            local = tuple(moved[m] for m in members if moved[m] >= 0)
-            if local:
-                table[key] = local
         prefixes = {}
         for name, entry in plan.prefixes.items():
             local = tuple(moved[m] for m in entry.replicas if moved[m] >= 0)
             if local:
                 prefixes[name] = dataclasses.replace(entry, replicas=local)
+        if isinstance(plan.table, ColumnarTable):
+            table = plan.table.remap(np.array(moved, dtype=np.int64))
+            rates = codec.rates_for(table, plan.rates)
+            return dataclasses.replace(plan, replica_ids=self.ids, table=table, rates=rates, prefixes=prefixes)
+        table: dict[str, tuple[int, ...]] = {}
+        for key, members in plan.table.items():
+            local = tuple(moved[m] for m in members if moved[m] >= 0)
+            if local:
+                table[key] = local
         return dataclasses.replace(plan, replica_ids=self.ids, table=table, prefixes=prefixes)
 
     # ------------------------------------------------------------ load and health

@@ -23,7 +23,7 @@ from services.store import Store, TelemetryConfig, open_store
 
 log = logging.getLogger("cacheroute.planner")
 SERVICE = "cacheroute.v1.Planner"
-PROTECTED = frozenset({"BuildPlan", "ActivatePlan", "Rollback", "SetMode", "PinPlan", "UnpinPlan", "ShadowPlan"})
+PROTECTED = frozenset({"BuildPlan", "BuildPlanStream", "ActivatePlan", "Rollback", "SetMode", "PinPlan", "UnpinPlan", "ShadowPlan"})
 
 
 @dataclass(frozen=True)

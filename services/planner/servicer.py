@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import math
 from collections import OrderedDict
 from typing import Callable
+
+import numpy as np
 
 from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services import codec, planwire
@@ -21,6 +24,7 @@ from services.planner.watch import WatchHub
 from services.store import Pinned, StaleVersion, Store, summary_of
 
 MAX_MOVES = 10_000          # DiffPlans moves per answer, whatever max_moves asks
+MAX_EXPLICIT_KEYS = 4_000_000   # explicit rates one BuildPlanStream may carry (a million-key plan, with room)
 MAX_REASON_BYTES = 512      # operator reasons (SetMode, ActivatePlan, Rollback): stored, shown by GetStatus
 _MODE_TO_PB = {Mode.PLANNED: common_pb2.MODE_PLANNED, Mode.FLAT: common_pb2.MODE_FLAT}
 _MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
@@ -38,13 +42,17 @@ def _reason(text: str, default: str) -> str:
     return text or default
 
 
-def _explicit_inputs(request: planner_pb2.BuildPlanRequest, replica_ids, q_cap, warm_slots) -> BuildInputs:
-    for r in request.rates:
-        if not (math.isfinite(r.rate) and r.rate >= 0):
-            raise InvalidArgument(f"rate for key {r.key!r} must be finite and >= 0, got {r.rate}")
-    prefix = {r.key: float(r.prefix_tokens) for r in request.rates if r.prefix_tokens}
-    return BuildInputs([r.key for r in request.rates], [r.rate for r in request.rates], prefix,
-                       replica_ids, q_cap, warm_slots)
+def _explicit_inputs(parts: list, replica_ids, q_cap, warm_slots) -> BuildInputs:
+    """BuildInputs from the request's KeyRate slices (one for BuildPlan, one per message of BuildPlanStream)."""
+    rows = list(itertools.chain.from_iterable(parts))
+    rates = [r.rate for r in rows]
+    values = np.array(rates, dtype=np.float64)
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        r = rows[int(np.argmax(bad))]
+        raise InvalidArgument(f"rate for key {r.key!r} must be finite and >= 0, got {r.rate}")
+    prefix = {r.key: float(r.prefix_tokens) for r in rows if r.prefix_tokens}
+    return BuildInputs([r.key for r in rows], rates, prefix, replica_ids, q_cap, warm_slots)
 
 
 class PlannerServicer(planner_pb2_grpc.PlannerServicer):
@@ -59,27 +67,48 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         self.clock = clock
         self.max_message_bytes = max_message_bytes
         self._plans: OrderedDict[int, Plan] = OrderedDict()   # small cache of decoded plans
-        self._chunks: OrderedDict[tuple[int, int], list] = OrderedDict()   # (version, budget) -> slices
+        self._chunks: OrderedDict[tuple[int, int, bool], list] = OrderedDict()   # (version, budget, columnar)
+        self._columns: OrderedDict[int, codec.Columns | None] = OrderedDict()   # version -> its table in columns
 
     async def _plan(self, version: int) -> Plan:
         if version not in self._plans:
-            self._plans[version] = await self.store.get_plan(version)
-            while len(self._plans) > 4:
-                self._plans.popitem(last=False)
+            self._remember(await self.store.get_plan(version))
+        self._plans.move_to_end(version)
         return self._plans[version]
+
+    def _remember(self, plan: Plan) -> None:
+        self._plans[plan.version] = plan
+        while len(self._plans) > 4:
+            self._plans.popitem(last=False)
 
     def forget_plans(self) -> None:
         """Drop cached plans (the store lost its state, so they may no longer exist)."""
         self._plans.clear()
         self._chunks.clear()
+        self._columns.clear()
 
-    async def _plan_chunks(self, version: int, budget: int) -> list:
+    async def _plan_columns(self, version: int, plan: Plan) -> codec.Columns | None:
+        """A version's table in columns, computed once (in a thread) for every page and watcher;
+        None for a plan the column widths cannot hold (a key on more than 255 replicas, more
+        than 65,535 replicas): it is sent one entry per key, which every reader decodes too."""
+        if version not in self._columns:
+            try:
+                self._columns[version] = await asyncio.to_thread(codec.table_columns, plan)
+            except ValueError:
+                self._columns[version] = None
+            while len(self._columns) > 2:
+                self._columns.popitem(last=False)
+        self._columns.move_to_end(version)
+        return self._columns[version]
+
+    async def _plan_chunks(self, version: int, budget: int, columnar: bool = False) -> list:
         """The active plan's messages for WatchPlans (one when it fits), cut once per version:
         every dispatcher watching gets the same ones."""
-        key = (version, budget)
+        key = (version, budget, columnar)
         if key not in self._chunks:
             plan = await self._plan(version)
-            self._chunks[key] = await asyncio.to_thread(planwire.plan_chunks, plan, budget)
+            cols = await self._plan_columns(version, plan) if columnar else None
+            self._chunks[key] = await asyncio.to_thread(planwire.plan_chunks, plan, budget, cols)
             while len(self._chunks) > 2:
                 self._chunks.popitem(last=False)
         return self._chunks[key]
@@ -97,7 +126,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         if request.summary_only:
             return codec.plan_to_proto(summary_of(plan))
         budget = planwire.budget_for(self.max_message_bytes, request.max_bytes)
-        return await asyncio.to_thread(planwire.plan_page, plan, budget, request.table_offset)
+        cols = await self._plan_columns(plan.version, plan) if request.columnar else None
+        return await asyncio.to_thread(planwire.plan_page, plan, budget, request.table_offset, cols)
 
     async def ListPlans(self, request, context):
         limit = min(request.limit or 20, 1000)
@@ -113,7 +143,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         async with self.hub.listen() as updates:
             state = await self.store.get_control()
             if not (request.known_version and request.known_version == state.active_version):
-                for update in await self._updates(state, "initial", request.include_table, budget):
+                for update in await self._updates(state, "initial", request, budget):
                     yield update
             seen = (state.active_version, state.mode)
             while True:
@@ -121,20 +151,20 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
                 if (state.active_version, state.mode) == seen:   # the hub catching up on what this
                     continue                                     # stream started from: no change
                 seen = (state.active_version, state.mode)
-                for update in await self._updates(state, event, request.include_table, budget):
+                for update in await self._updates(state, event, request, budget):
                     yield update
 
-    async def _updates(self, state: ControlState, event: str, include_table: bool,
+    async def _updates(self, state: ControlState, event: str, request: planner_pb2.WatchPlansRequest,
                        budget: int) -> list[planner_pb2.PlanUpdate]:
         """One PlanUpdate, or the consecutive chunks of one when the table is too big."""
         head = dict(active_version=state.active_version, mode=_MODE_TO_PB[state.mode], event=event)
         if not state.active_version:
             return [planner_pb2.PlanUpdate(**head)]
-        if not include_table:
+        if not request.include_table:
             plan = await self._plan(state.active_version)
             return [planner_pb2.PlanUpdate(**head, plan=codec.plan_to_proto(summary_of(plan)))]
         return [planner_pb2.PlanUpdate(**head, plan=chunk)
-                for chunk in await self._plan_chunks(state.active_version, budget)]
+                for chunk in await self._plan_chunks(state.active_version, budget, request.columnar)]
 
     async def DiffPlans(self, request, context):
         old = await self._plan(request.from_version)
@@ -162,10 +192,30 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     # ---- control (bearer token when configured)
 
     async def BuildPlan(self, request, context):
+        return await self._build(request, [request.rates])
+
+    async def BuildPlanStream(self, request_iterator, context):
+        """BuildPlan with its rates in slices: every field in the first message, only `rates` after."""
+        head, parts, count = None, [], 0
+        async for msg in request_iterator:
+            if head is None:
+                head = msg
+            elif [f.name for f, _ in msg.ListFields()] not in ([], ["rates"]):
+                raise InvalidArgument("BuildPlanStream: only the first message may carry fields other than rates")
+            count += len(msg.rates)
+            if count > MAX_EXPLICIT_KEYS:
+                raise InvalidArgument(f"BuildPlanStream: more than {MAX_EXPLICIT_KEYS} explicit rates")
+            parts.append(msg.rates)
+        if head is None:
+            raise InvalidArgument("BuildPlanStream: no request message")
+        return await self._build(head, parts)
+
+    async def _build(self, request: planner_pb2.BuildPlanRequest, parts: list) -> planner_pb2.BuildPlanResponse:
         if request.shadow and self.gate is None:
             raise FailedPrecondition("the shadow gate is not available on this planner")
         now = self.clock()
-        inputs = await self._build_inputs(request, now)
+        explicit = any(len(p) for p in parts)
+        inputs = await self._build_inputs(request, parts, now)
 
         def check(state: ControlState) -> None:   # refusals the activation would meet
             if request.activate and state.active_version != request.expected_active_version:
@@ -186,6 +236,11 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         async def activate(plan: Plan, state: ControlState, verdict: tuple) -> planner_pb2.BuildPlanResponse:
             passed, answer = verdict
             activated = request.activate and passed
+            # stored: keep the plan we have rather than decode it back from the store when it is
+            # activated or paged (a million keys: seconds of JSON), and its columns when it waits
+            self._remember(plan)
+            if not activated:
+                await self._plan_columns(plan.version, plan)
             if activated:
                 await self.store.activate(plan.version, expected=request.expected_active_version, now=now,
                                           reason="BuildPlan (shadow gate passed)" if request.shadow else "BuildPlan")
@@ -193,10 +248,10 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
 
         done = await propose(self.store, inputs, now=now, incremental=request.incremental, max_moves=None,
                              switching=self.loop.config.switching, check=check, review=review, activate=activate,
-                             cold_homes=self.loop.config.cold_homes and not request.rates)
+                             cold_homes=self.loop.config.cold_homes and not explicit)
         return done.outcome
 
-    async def _build_inputs(self, request: planner_pb2.BuildPlanRequest, now: float) -> BuildInputs:
+    async def _build_inputs(self, request: planner_pb2.BuildPlanRequest, parts: list, now: float) -> BuildInputs:
         """BuildPlan's inputs: the request's rates, else the telemetry window; the loop's
         replicas, q_cap and W unless the request names its own."""
         cfg = self.loop.config
@@ -206,8 +261,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             raise InvalidArgument("replica ids must be non-empty")
         replicas = tuple(request.replica_ids) or cfg.replica_ids
         q_cap, warm = request.q_cap or cfg.q_cap, request.warm_slots or cfg.warm_slots
-        if request.rates:
-            return _explicit_inputs(request, replicas, q_cap, warm)
+        if any(len(p) for p in parts):
+            return await asyncio.to_thread(_explicit_inputs, parts, replicas, q_cap, warm)
         snap = await self.store.window_rates(now, cfg.window_seconds)
         if not snap.keys:
             raise FailedPrecondition(f"no telemetry in the last {cfg.window_seconds:g}s and no explicit rates")

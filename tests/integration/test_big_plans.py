@@ -149,3 +149,58 @@ def test_build_plan_that_cannot_activate_stores_nothing(redis_url):
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "stale expected version" in detail
     assert (after.active_version, after.latest_version) == (before.active_version, before.latest_version) == (v1, v1)
     assert [p.version for p in listed.plans] == [v1]
+
+
+def test_explicit_rates_above_the_message_limit_go_as_a_stream(redis_url):
+    """BuildPlan refuses a request above the limit; the client then sends BuildPlanStream
+    slices, and the planner builds from all of them; a malformed stream is refused."""
+    rates = {key(i): 1.0 + i % 7 for i in range(KEYS)}           # ~0.65 MB of rates
+
+    async def scenario():
+        planner = await PlannerService(planner_config(redis_url, ("e0", "e1"))).start()
+        out = {}
+        try:
+            async with grpc.aio.insecure_channel(planner.address, options=[
+                    ("grpc.max_send_message_length", 8 << 20)]) as ch:
+                stub = planner_pb2_grpc.PlannerStub(ch)
+                whole = pb.BuildPlanRequest(rates=[pb.KeyRate(key=k, rate=v) for k, v in rates.items()])
+                try:
+                    await stub.BuildPlan(whole, metadata=AUTH, timeout=30)
+                except grpc.aio.AioRpcError as err:
+                    out["unary"] = err.code()
+                bad = [pb.BuildPlanRequest(rates=[pb.KeyRate(key="a", rate=1.0)]),
+                       pb.BuildPlanRequest(rates=[pb.KeyRate(key="b", rate=1.0)], activate=True)]
+                try:
+                    await stub.BuildPlanStream(iter(bad), metadata=AUTH, timeout=30)
+                except grpc.aio.AioRpcError as err:
+                    out["bad"] = (err.code(), err.details())
+                try:
+                    await stub.BuildPlanStream(iter(bad[:1]), timeout=30)
+                except grpc.aio.AioRpcError as err:
+                    out["no_token"] = err.code()
+            async with AsyncCacheRouteClient(planner=planner.address, token=TOKEN, max_message_bytes=LIMIT) as client:
+                built = await client.build_plan(rates, activate=True, timeout=60)
+                out["built"] = (built.activated, built.plan.admitted_keys, len(built.plan.table),
+                                {e.key: e.rate for e in built.plan.table})
+        finally:
+            await planner.stop(0)
+        return out
+
+    out = asyncio.run(scenario())
+    assert out["unary"] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert out["bad"][0] == grpc.StatusCode.INVALID_ARGUMENT and "only the first message" in out["bad"][1]
+    assert out["no_token"] == grpc.StatusCode.UNAUTHENTICATED
+    activated, admitted, n, got = out["built"]
+    assert activated and admitted == n == KEYS and got == rates
+
+
+def test_build_requests_slice_within_the_budget():
+    from clients.client import build_requests
+
+    rates = {key(i): float(i) for i in range(KEYS)}
+    reqs = build_requests(rates, 64 * 1024, activate=True, warm_slots=5)
+    assert len(reqs) > 5 and all(r.ByteSize() <= 64 * 1024 for r in reqs)
+    assert reqs[0].activate and reqs[0].warm_slots == 5 and all(not r.activate and not r.warm_slots for r in reqs[1:])
+    assert [kr.key for r in reqs for kr in r.rates] == list(rates)
+    (one,) = build_requests({"a": 1.0}, 64 * 1024)
+    assert [kr.key for kr in one.rates] == ["a"]

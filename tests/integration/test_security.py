@@ -106,7 +106,9 @@ def test_every_control_rpc_needs_the_token_on_the_real_planner(redis_url):
                 "Rollback": planner_pb2.RollbackRequest(expected_active_version=1),
                 "SetMode": planner_pb2.SetModeRequest(mode=common_pb2.MODE_FLAT),
                 "PinPlan": planner_pb2.PinPlanRequest(version=1), "UnpinPlan": planner_pb2.UnpinPlanRequest(),
-                "ShadowPlan": planner_pb2.ShadowPlanRequest(version=1)}
+                "ShadowPlan": planner_pb2.ShadowPlanRequest(version=1),
+                "BuildPlanStream": [planner_pb2.BuildPlanRequest(rates=[planner_pb2.KeyRate(key="k", rate=3)],
+                                                                 activate=True)]}   # client-streaming
     assert set(requests) == PROTECTED
 
     async def scenario():
@@ -125,7 +127,8 @@ def test_every_control_rpc_needs_the_token_on_the_real_planner(redis_url):
                                             ("basic", [("authorization", f"Basic {TOKEN}")]),
                                             ("empty", [("authorization", "Bearer ")])):
                         try:
-                            await getattr(stub, method)(request, metadata=metadata, timeout=5)
+                            arg = iter(request) if isinstance(request, list) else request
+                            await getattr(stub, method)(arg, metadata=metadata, timeout=5)
                             out[method, label] = ("OK", "")
                         except grpc.aio.AioRpcError as err:
                             out[method, label] = (err.code().name, err.details())

@@ -116,7 +116,7 @@ class ShadowReport(_message.Message):
     def __init__(self, ran: _Optional[bool] = ..., passed: _Optional[bool] = ..., reason: _Optional[str] = ..., requests: _Optional[int] = ..., qps: _Optional[float] = ..., candidate_hit_rate: _Optional[float] = ..., flat_hit_rate: _Optional[float] = ..., candidate_ttft_p99: _Optional[float] = ..., flat_ttft_p99: _Optional[float] = ..., candidate_capacity: _Optional[float] = ..., flat_capacity: _Optional[float] = ..., margin: _Optional[float] = ..., active_keys: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("version", "parent_version", "created_at", "inputs", "table", "expected_load", "predicted_imbalance", "total_keys", "admitted_keys", "admitted_rate_share", "churn", "has_parent", "builder", "decision", "shadow", "table_offset", "table_size", "prefixes", "available_hit_rate", "achieved_hit_rate")
+    __slots__ = ("version", "parent_version", "created_at", "inputs", "table", "expected_load", "predicted_imbalance", "total_keys", "admitted_keys", "admitted_rate_share", "churn", "has_parent", "builder", "decision", "shadow", "table_offset", "table_size", "prefixes", "available_hit_rate", "achieved_hit_rate", "columns")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PARENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class Plan(_message.Message):
     PREFIXES_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     ACHIEVED_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     version: int
     parent_version: int
     created_at: float
@@ -157,7 +158,22 @@ class Plan(_message.Message):
     prefixes: _containers.RepeatedCompositeFieldContainer[PrefixEntry]
     available_hit_rate: float
     achieved_hit_rate: float
-    def __init__(self, version: _Optional[int] = ..., parent_version: _Optional[int] = ..., created_at: _Optional[float] = ..., inputs: _Optional[_Union[PlanInputs, _Mapping]] = ..., table: _Optional[_Iterable[_Union[PlanEntry, _Mapping]]] = ..., expected_load: _Optional[_Iterable[float]] = ..., predicted_imbalance: _Optional[float] = ..., total_keys: _Optional[int] = ..., admitted_keys: _Optional[int] = ..., admitted_rate_share: _Optional[float] = ..., churn: _Optional[float] = ..., has_parent: _Optional[bool] = ..., builder: _Optional[str] = ..., decision: _Optional[_Union[SwitchDecision, _Mapping]] = ..., shadow: _Optional[_Union[ShadowReport, _Mapping]] = ..., table_offset: _Optional[int] = ..., table_size: _Optional[int] = ..., prefixes: _Optional[_Iterable[_Union[PrefixEntry, _Mapping]]] = ..., available_hit_rate: _Optional[float] = ..., achieved_hit_rate: _Optional[float] = ...) -> None: ...
+    columns: PlanColumns
+    def __init__(self, version: _Optional[int] = ..., parent_version: _Optional[int] = ..., created_at: _Optional[float] = ..., inputs: _Optional[_Union[PlanInputs, _Mapping]] = ..., table: _Optional[_Iterable[_Union[PlanEntry, _Mapping]]] = ..., expected_load: _Optional[_Iterable[float]] = ..., predicted_imbalance: _Optional[float] = ..., total_keys: _Optional[int] = ..., admitted_keys: _Optional[int] = ..., admitted_rate_share: _Optional[float] = ..., churn: _Optional[float] = ..., has_parent: _Optional[bool] = ..., builder: _Optional[str] = ..., decision: _Optional[_Union[SwitchDecision, _Mapping]] = ..., shadow: _Optional[_Union[ShadowReport, _Mapping]] = ..., table_offset: _Optional[int] = ..., table_size: _Optional[int] = ..., prefixes: _Optional[_Iterable[_Union[PrefixEntry, _Mapping]]] = ..., available_hit_rate: _Optional[float] = ..., achieved_hit_rate: _Optional[float] = ..., columns: _Optional[_Union[PlanColumns, _Mapping]] = ...) -> None: ...
+
+class PlanColumns(_message.Message):
+    __slots__ = ("keys", "key_lengths", "replica_counts", "replicas", "rates")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KEY_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    RATES_FIELD_NUMBER: _ClassVar[int]
+    keys: bytes
+    key_lengths: bytes
+    replica_counts: bytes
+    replicas: bytes
+    rates: bytes
+    def __init__(self, keys: _Optional[bytes] = ..., key_lengths: _Optional[bytes] = ..., replica_counts: _Optional[bytes] = ..., replicas: _Optional[bytes] = ..., rates: _Optional[bytes] = ...) -> None: ...
 
 class PrefixEntry(_message.Message):
     __slots__ = ("node", "replicas", "rate", "tokens", "keys")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from cacheroute.v1 import common_pb2 as cacheroute_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63\x61\x63heroute/v1/planner.proto\x12\rcacheroute.v1\x1a\x1a\x63\x61\x63heroute/v1/common.proto\"`\n\x0eGetPlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0csummary_only\x18\x02 \x01(\x08\x12\x14\n\x0ctable_offset\x18\x03 \x01(\r\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\"9\n\x10ListPlansRequest\x12\r\n\x05limit\x18\x01 \x01(\r\x12\x16\n\x0e\x62\x65\x66ore_version\x18\x02 \x01(\x04\"\x91\x01\n\x11ListPlansResponse\x12)\n\x05plans\x18\x01 \x03(\x0b\x32\x1a.cacheroute.v1.PlanSummary\x12\x16\n\x0e\x61\x63tive_version\x18\x02 \x01(\x04\x12!\n\x04mode\x18\x03 \x01(\x0e\x32\x13.cacheroute.v1.Mode\x12\x16\n\x0epinned_version\x18\x04 \x01(\x04\"Z\n\x11WatchPlansRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\x12\x15\n\rinclude_table\x18\x02 \x01(\x08\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\r\"y\n\nPlanUpdate\x12\x16\n\x0e\x61\x63tive_version\x18\x01 \x01(\x04\x12!\n\x04mode\x18\x02 \x01(\x0e\x32\x13.cacheroute.v1.Mode\x12!\n\x04plan\x18\x03 \x01(\x0b\x32\x13.cacheroute.v1.Plan\x12\r\n\x05\x65vent\x18\x04 \x01(\t\";\n\x07KeyRate\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x15\n\rprefix_tokens\x18\x03 \x01(\r\"\xc9\x01\n\x10\x42uildPlanRequest\x12%\n\x05rates\x18\x01 \x03(\x0b\x32\x16.cacheroute.v1.KeyRate\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\x12\r\n\x05q_cap\x18\x03 \x01(\x01\x12\x12\n\nwarm_slots\x18\x04 \x01(\r\x12\x13\n\x0bincremental\x18\x05 \x01(\x08\x12\x10\n\x08\x61\x63tivate\x18\x06 \x01(\x08\x12\x1f\n\x17\x65xpected_active_version\x18\x07 \x01(\x04\x12\x0e\n\x06shadow\x18\x08 \x01(\x08\"I\n\x11\x42uildPlanResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.cacheroute.v1.Plan\x12\x11\n\tactivated\x18\x02 \x01(\x08\"O\n\x10\x44iffPlansRequest\x12\x14\n\x0c\x66rom_version\x18\x01 \x01(\x04\x12\x12\n\nto_version\x18\x02 \x01(\x04\x12\x11\n\tmax_moves\x18\x03 \x01(\r\"P\n\x07KeyMove\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x15\n\rfrom_replicas\x18\x02 \x03(\t\x12\x13\n\x0bto_replicas\x18\x03 \x03(\t\x12\x0c\n\x04rate\x18\x04 \x01(\x01\"\x96\x02\n\x11\x44iffPlansResponse\x12\r\n\x05\x63hurn\x18\x01 \x01(\x01\x12\x12\n\nkeys_moved\x18\x02 \x01(\r\x12\x12\n\nkeys_added\x18\x03 \x01(\r\x12\x14\n\x0ckeys_removed\x18\x04 \x01(\r\x12%\n\x05moves\x18\x05 \x03(\x0b\x32\x16.cacheroute.v1.KeyMove\x12\x15\n\rprefixes_kept\x18\x06 \x01(\r\x12\x16\n\x0eprefixes_moved\x18\x07 \x01(\r\x12\x16\n\x0eprefixes_added\x18\x08 \x01(\r\x12\x18\n\x10prefixes_removed\x18\t \x01(\r\x12,\n\x0cprefix_moves\x18\n \x03(\x0b\x32\x16.cacheroute.v1.KeyMove\"W\n\x13\x41\x63tivatePlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x1f\n\x17\x65xpected_active_version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\"V\n\x0fRollbackRequest\x12\x1f\n\x17\x65xpected_active_version\x18\x01 \x01(\x04\x12\x12\n\nto_version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\"C\n\x0eSetModeRequest\x12!\n\x04mode\x18\x01 \x01(\x0e\x32\x13.cacheroute.v1.Mode\x12\x0e\n\x06reason\x18\x02 \x01(\t\"!\n\x0ePinPlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\x12\n\x10UnpinPlanRequest\"~\n\x0f\x43ontrolResponse\x12\x16\n\x0e\x61\x63tive_version\x18\x01 \x01(\x04\x12\x18\n\x10previous_version\x18\x02 \x01(\x04\x12!\n\x04mode\x18\x03 \x01(\x0e\x32\x13.cacheroute.v1.Mode\x12\x16\n\x0epinned_version\x18\x04 \x01(\x04\"<\n\x11ShadowPlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x16\n\x0ewindow_seconds\x18\x02 \x01(\x01\"\x19\n\x17GetPlannerStatusRequest\"\xef\x02\n\rPlannerStatus\x12\x12\n\nplanner_id\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\x08\x12\x1b\n\x13lease_fencing_token\x18\x03 \x01(\x04\x12\x16\n\x0e\x61\x63tive_version\x18\x04 \x01(\x04\x12!\n\x04mode\x18\x05 \x01(\x0e\x32\x13.cacheroute.v1.Mode\x12\x16\n\x0epinned_version\x18\x06 \x01(\x04\x12\x13\n\x0bmode_reason\x18\x07 \x01(\t\x12\x14\n\x0clast_loop_at\x18\x08 \x01(\x01\x12\x19\n\x11last_loop_outcome\x18\t \x01(\t\x12\x16\n\x0elatest_version\x18\n \x01(\x04\x12\x1f\n\x12\x61vailable_hit_rate\x18\x0b \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11\x61\x63hieved_hit_rate\x18\x0c \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_available_hit_rateB\x14\n\x12_achieved_hit_rate2\xa7\x07\n\x07Planner\x12=\n\x07GetPlan\x12\x1d.cacheroute.v1.GetPlanRequest\x1a\x13.cacheroute.v1.Plan\x12N\n\tListPlans\x12\x1f.cacheroute.v1.ListPlansRequest\x1a .cacheroute.v1.ListPlansResponse\x12K\n\nWatchPlans\x12 .cacheroute.v1.WatchPlansRequest\x1a\x19.cacheroute.v1.PlanUpdate0\x01\x12N\n\tBuildPlan\x12\x1f.cacheroute.v1.BuildPlanRequest\x1a .cacheroute.v1.BuildPlanResponse\x12N\n\tDiffPlans\x12\x1f.cacheroute.v1.DiffPlansRequest\x1a .cacheroute.v1.DiffPlansResponse\x12R\n\x0c\x41\x63tivatePlan\x12\".cacheroute.v1.ActivatePlanRequest\x1a\x1e.cacheroute.v1.ControlResponse\x12J\n\x08Rollback\x12\x1e.cacheroute.v1.RollbackRequest\x1a\x1e.cacheroute.v1.ControlResponse\x12H\n\x07SetMode\x12\x1d.cacheroute.v1.SetModeRequest\x1a\x1e.cacheroute.v1.ControlResponse\x12H\n\x07PinPlan\x12\x1d.cacheroute.v1.PinPlanRequest\x1a\x1e.cacheroute.v1.ControlResponse\x12L\n\tUnpinPlan\x12\x1f.cacheroute.v1.UnpinPlanRequest\x1a\x1e.cacheroute.v1.ControlResponse\x12K\n\nShadowPlan\x12 .cacheroute.v1.ShadowPlanRequest\x1a\x1b.cacheroute.v1.ShadowReport\x12Q\n\tGetStatus\x12&.cacheroute.v1.GetPlannerStatusRequest\x1a\x1c.cacheroute.v1.PlannerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63\x61\x63heroute/v1/planner.proto\x12\rcacheroute.v1\x1a\x1a\x63\x61\x63heroute/v1/common.proto\"r\n\x0eGetPlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0csummary_only\x18\x02 \x01(\x08\x12\x14\n\x0ctable_offset\x18\x03 \x01(\r\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\x12\x10\n\x08\x63olumnar\x18\x05 \x01(\x08\"9\n\x10ListPlansRequest\x12\r\n\x05limit\x18\x01 \x01(\r\x12\x16\n\x0e\x62\x65\x66ore_version\x18\x02 \x01(\x04\"\x91\x01\n\x11ListPlansResponse\x12)\n\x05plans\x18\x01 \x03(\x0b\x32\x1a.cacheroute.v1.PlanSummary\x12\x16\n\x0e\x61\x63tive_version\x18\x02 \x01(\x04\x12!\n\x04mode\x18\x03 \x01(\x0e\x32\x13.cacheroute.v1.Mode\x12\x16\n\x0epinned_version\x18\x04 \x01(\x04\"l\n\x11WatchPlansRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\x12\x15\n\rinclude_table\x18\x02 \x01(\x08\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\r\x12\x10\n\x08\x63olumnar\x18\x04 \x01(\x08\"y\n\nPlanUpdate\x12\x16\n\x0e\x61\x63tive_version\x18\x01 \x01(\x04\x12!\n\x04mode\x18\x02 \x01(\x0e\x32\x13.cacheroute.v1.Mode\x12!\n\x04plan\x18\x03 \x01(\x0b\x32\x13.cacheroute.v1.Plan\x12\r\n\x05\x65vent\x18\x04 \x01(\t\";\n\x07KeyRate\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x15\n\rprefix_tokens\x18\x03 \x01(\r\"\xc9\x01\n\x10\x42uildPlanRequest\x12%\n\x05rates\x18\x01 \x03(\x0b\x32\x16.cacheroute.v1.KeyRate\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\x12\r\n\x05q_cap\x18\x03 \x01(\x01\x12\x12\n\nwarm_slots\x18\x04 \x01(\r\x12\x13\n\x0bincremental\x18\x05 \x01(\x08\x12\x10\n\x08\x61\x63tivate\x18\x06 \x01(\x08\x12\x1f\n\x17\x65xpected_active_version\x18\x07 \x01(\x04\x12\x0e\n\x06shadow\x18\x08 \x01(\x08\"I\n\x11\x42uildPlanResponse\x12!\n\x04plan\x18\x01 \x01(\x0b\x32\x13.cacheroute.v1.Plan\x12\x11\n\tactivated\x18\x02 \x01(\x08\"O\n\x10\x44iffPlansRequest\x12\x14\n\x0c\x66rom_version\x18\x01 \x01(\x04\x12\x12\n\nto_version\x18\x02 \x01(\x04\x12\x11\n\tmax_moves\x18\x03 \x01(\r\"P\n\x07KeyMove\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x15\n\rfrom_replicas\x18\x02 \x03(\t\x12\x13\n\x0bto_replicas\x18\x03 \x03(\t\x12\x0c\n\x04rate\x18\x04 \x01(\x01\"\x96\x02\n\x11\x44iffPlansResponse\x12\r\n\x05\x63hurn\x18\x01 \x01(\x01\x12\x12\n\nkeys_moved\x18\x02 \x01(\r\x12\x12\n\nkeys_added\x18\x03 \x01(\r\x12\x14\n\x0ckeys_removed\x18\x04 \x01(\r\x12%\n\x05moves\x18\x05 \x03(\x0b\x32\x16.cacheroute.v1.KeyMove\x12\x15\n\rprefixes_kept\x18\x06 \x01(\r\x12\x16\n\x0eprefixes_moved\x18\x07 \x01(\r\x12\x16\n\x0eprefixes_added\x18\x08 \x01(\r\x12\x18\n\x10prefixes_removed\x18\t \x01(\r\x12,\n\x0cprefix_moves\x18\n \x03(\x0b\x32\x16.cacheroute.v1.KeyMove\"W\n\x13\x41\x63tivatePlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x1f\n\x17\x65xpected_active_version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\"V\n\x0fRollbackRequest\x12\x1f\n\x17\x65xpected_active_version\x18\x01 \x01(\x04\x12\x12\n\nto_version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\"C\n\x0eSetModeRequest\x12!\n\x04mode\x18\x01 \x01(\x0e\x32\x13.cacheroute.v1.Mode\x12\x0e\n\x06reason\x18\x02 \x01(\t\"!\n\x0ePinPlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\x12\n\x10UnpinPlanRequest\"~\n\x0f\x43ontrolResponse\x12\x16\n\x0e\x61\x63tive_version\x18\x01 \x01(\x04\x12\x18\n\x10previous_version\x18\x02 \x01(\x04\x12!\n\x04mode\x18\x03 \x01(\x0e\x32\x13.cacheroute.v1.Mode\x12\x16\n\x0epinned_version\x18\x04 \x01(\x04\"<\n\x11ShadowPlanRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x16\n\x0ewindow_seconds\x18\x02 \x01(\x01\"\x19\n\x17GetPlannerStatusRequest\"\xef\x02\n\rPlannerStatus\x12\x12\n\nplanner_id\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\x08\x12\x1b\n\x13lease_fencing_token\x18\x03 \x01(\x04\x12\x16\n\x0e\x61\x63tive_version\x18\x04 \x01(\x04\x12!\n\x04mode\x18\x05 \x01(\x0e\x32\x13.cacheroute.v1.Mode\x12\x16\n\x0epinned_version\x18\x06 \x01(\x04\x12\x13\n\x0bmode_reason\x18\x07 \x01(\t\x12\x14\n\x0clast_loop_at\x18\x08 \x01(\x01\x12\x19\n\x11last_loop_outcome\x18\t \x01(\t\x12\x16\n\x0elatest_version\x18\n \x01(\x04\x12\x1f\n\x12\x61vailable_hit_rate\x18\x0b \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11\x61\x63hieved_hit_rate\x18\x0c \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_available_hit_rateB\x14\n\x12_achieved_hit_rate2\xff\x07\n\x07Planner\x12=\n\x07GetPlan\x12\x1d.cacheroute.v1.GetPlanRequest\x1a\x13.cacheroute.v1.Plan\x12N\n\tListPlans\x12\x1f.cacheroute.v1.ListPlansRequest\x1a .cacheroute.v1.ListPlansResponse\x12K\n\nWatchPlans\x12 .cacheroute.v1.WatchPlansRequest\x1a\x19.cacheroute.v1.PlanUpdate0\x01\x12N\n\tBuildPlan\x12\x1f.cacheroute.v1.BuildPlanRequest\x1a .cacheroute.v1.BuildPlanResponse\x12V\n\x0f\x42uildPlanStream\x12\x1f.cacheroute.v1.BuildPlanRequest\x1a .cacheroute.v1.BuildPlanResponse(\x01\x12N\n\tDiffPlans\x12\x1f.cacheroute.v1.DiffPlansRequest\x1a .cacheroute.v1.DiffPlansResponse\x12R\n\x0c\x41\x63tivatePlan\x12\".cacheroute.v1.ActivatePlanRequest\x1a\x1e.cacheroute.v1.ControlResponse\x12J\n\x08Rollback\x12\x1e.cacheroute.v1.RollbackRequest\x1a\x1e.cacheroute.v1.ControlResponse\x12H\n\x07SetMode\x12\x1d.cacheroute.v1.SetModeRequest\x1a\x1e.cacheroute.v1.ControlResponse\x12H\n\x07PinPlan\x12\x1d.cacheroute.v1.PinPlanRequest\x1a\x1e.cacheroute.v1.ControlResponse\x12L\n\tUnpinPlan\x12\x1f.cacheroute.v1.UnpinPlanRequest\x1a\x1e.cacheroute.v1.ControlResponse\x12K\n\nShadowPlan\x12 .cacheroute.v1.ShadowPlanRequest\x1a\x1b.cacheroute.v1.ShadowReport\x12Q\n\tGetStatus\x12&.cacheroute.v1.GetPlannerStatusRequest\x1a\x1c.cacheroute.v1.PlannerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,45 +33,45 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cacheroute.v1.planner_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETPLANREQUEST']._serialized_start=74
-  _globals['_GETPLANREQUEST']._serialized_end=170
-  _globals['_LISTPLANSREQUEST']._serialized_start=172
-  _globals['_LISTPLANSREQUEST']._serialized_end=229
-  _globals['_LISTPLANSRESPONSE']._serialized_start=232
-  _globals['_LISTPLANSRESPONSE']._serialized_end=377
-  _globals['_WATCHPLANSREQUEST']._serialized_start=379
-  _globals['_WATCHPLANSREQUEST']._serialized_end=469
-  _globals['_PLANUPDATE']._serialized_start=471
-  _globals['_PLANUPDATE']._serialized_end=592
-  _globals['_KEYRATE']._serialized_start=594
-  _globals['_KEYRATE']._serialized_end=653
-  _globals['_BUILDPLANREQUEST']._serialized_start=656
-  _globals['_BUILDPLANREQUEST']._serialized_end=857
-  _globals['_BUILDPLANRESPONSE']._serialized_start=859
-  _globals['_BUILDPLANRESPONSE']._serialized_end=932
-  _globals['_DIFFPLANSREQUEST']._serialized_start=934
-  _globals['_DIFFPLANSREQUEST']._serialized_end=1013
-  _globals['_KEYMOVE']._serialized_start=1015
-  _globals['_KEYMOVE']._serialized_end=1095
-  _globals['_DIFFPLANSRESPONSE']._serialized_start=1098
-  _globals['_DIFFPLANSRESPONSE']._serialized_end=1376
-  _globals['_ACTIVATEPLANREQUEST']._serialized_start=1378
-  _globals['_ACTIVATEPLANREQUEST']._serialized_end=1465
-  _globals['_ROLLBACKREQUEST']._serialized_start=1467
-  _globals['_ROLLBACKREQUEST']._serialized_end=1553
-  _globals['_SETMODEREQUEST']._serialized_start=1555
-  _globals['_SETMODEREQUEST']._serialized_end=1622
-  _globals['_PINPLANREQUEST']._serialized_start=1624
-  _globals['_PINPLANREQUEST']._serialized_end=1657
-  _globals['_UNPINPLANREQUEST']._serialized_start=1659
-  _globals['_UNPINPLANREQUEST']._serialized_end=1677
-  _globals['_CONTROLRESPONSE']._serialized_start=1679
-  _globals['_CONTROLRESPONSE']._serialized_end=1805
-  _globals['_SHADOWPLANREQUEST']._serialized_start=1807
-  _globals['_SHADOWPLANREQUEST']._serialized_end=1867
-  _globals['_GETPLANNERSTATUSREQUEST']._serialized_start=1869
-  _globals['_GETPLANNERSTATUSREQUEST']._serialized_end=1894
-  _globals['_PLANNERSTATUS']._serialized_start=1897
-  _globals['_PLANNERSTATUS']._serialized_end=2264
-  _globals['_PLANNER']._serialized_start=2267
-  _globals['_PLANNER']._serialized_end=3202
+  _globals['_GETPLANREQUEST']._serialized_end=188
+  _globals['_LISTPLANSREQUEST']._serialized_start=190
+  _globals['_LISTPLANSREQUEST']._serialized_end=247
+  _globals['_LISTPLANSRESPONSE']._serialized_start=250
+  _globals['_LISTPLANSRESPONSE']._serialized_end=395
+  _globals['_WATCHPLANSREQUEST']._serialized_start=397
+  _globals['_WATCHPLANSREQUEST']._serialized_end=505
+  _globals['_PLANUPDATE']._serialized_start=507
+  _globals['_PLANUPDATE']._serialized_end=628
+  _globals['_KEYRATE']._serialized_start=630
+  _globals['_KEYRATE']._serialized_end=689
+  _globals['_BUILDPLANREQUEST']._serialized_start=692
+  _globals['_BUILDPLANREQUEST']._serialized_end=893
+  _globals['_BUILDPLANRESPONSE']._serialized_start=895
+  _globals['_BUILDPLANRESPONSE']._serialized_end=968
+  _globals['_DIFFPLANSREQUEST']._serialized_start=970
+  _globals['_DIFFPLANSREQUEST']._serialized_end=1049
+  _globals['_KEYMOVE']._serialized_start=1051
+  _globals['_KEYMOVE']._serialized_end=1131
+  _globals['_DIFFPLANSRESPONSE']._serialized_start=1134
+  _globals['_DIFFPLANSRESPONSE']._serialized_end=1412
+  _globals['_ACTIVATEPLANREQUEST']._serialized_start=1414
+  _globals['_ACTIVATEPLANREQUEST']._serialized_end=1501
+  _globals['_ROLLBACKREQUEST']._serialized_start=1503
+  _globals['_ROLLBACKREQUEST']._serialized_end=1589
+  _globals['_SETMODEREQUEST']._serialized_start=1591
+  _globals['_SETMODEREQUEST']._serialized_end=1658
+  _globals['_PINPLANREQUEST']._serialized_start=1660
+  _globals['_PINPLANREQUEST']._serialized_end=1693
+  _globals['_UNPINPLANREQUEST']._serialized_start=1695
+  _globals['_UNPINPLANREQUEST']._serialized_end=1713
+  _globals['_CONTROLRESPONSE']._serialized_start=1715
+  _globals['_CONTROLRESPONSE']._serialized_end=1841
+  _globals['_SHADOWPLANREQUEST']._serialized_start=1843
+  _globals['_SHADOWPLANREQUEST']._serialized_end=1903
+  _globals['_GETPLANNERSTATUSREQUEST']._serialized_start=1905
+  _globals['_GETPLANNERSTATUSREQUEST']._serialized_end=1930
+  _globals['_PLANNERSTATUS']._serialized_start=1933
+  _globals['_PLANNERSTATUS']._serialized_end=2300
+  _globals['_PLANNER']._serialized_start=2303
+  _globals['_PLANNER']._serialized_end=3326
 # @@protoc_insertion_point(module_scope)

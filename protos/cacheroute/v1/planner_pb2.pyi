@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetPlanRequest(_message.Message):
-    __slots__ = ("version", "summary_only", "table_offset", "max_bytes")
+    __slots__ = ("version", "summary_only", "table_offset", "max_bytes", "columnar")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_ONLY_FIELD_NUMBER: _ClassVar[int]
     TABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNAR_FIELD_NUMBER: _ClassVar[int]
     version: int
     summary_only: bool
     table_offset: int
     max_bytes: int
-    def __init__(self, version: _Optional[int] = ..., summary_only: _Optional[bool] = ..., table_offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    columnar: bool
+    def __init__(self, version: _Optional[int] = ..., summary_only: _Optional[bool] = ..., table_offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., columnar: _Optional[bool] = ...) -> None: ...
 
 class ListPlansRequest(_message.Message):
     __slots__ = ("limit", "before_version")
@@ -40,14 +42,16 @@ class ListPlansResponse(_message.Message):
     def __init__(self, plans: _Optional[_Iterable[_Union[_common_pb2.PlanSummary, _Mapping]]] = ..., active_version: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., pinned_version: _Optional[int] = ...) -> None: ...
 
 class WatchPlansRequest(_message.Message):
-    __slots__ = ("known_version", "include_table", "max_chunk_bytes")
+    __slots__ = ("known_version", "include_table", "max_chunk_bytes", "columnar")
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_TABLE_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNAR_FIELD_NUMBER: _ClassVar[int]
     known_version: int
     include_table: bool
     max_chunk_bytes: int
-    def __init__(self, known_version: _Optional[int] = ..., include_table: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    columnar: bool
+    def __init__(self, known_version: _Optional[int] = ..., include_table: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ..., columnar: _Optional[bool] = ...) -> None: ...
 
 class PlanUpdate(_message.Message):
     __slots__ = ("active_version", "mode", "plan", "event")

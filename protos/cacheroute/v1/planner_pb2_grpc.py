@@ -55,6 +55,11 @@ class PlannerStub:
                 request_serializer=cacheroute_dot_v1_dot_planner__pb2.BuildPlanRequest.SerializeToString,
                 response_deserializer=cacheroute_dot_v1_dot_planner__pb2.BuildPlanResponse.FromString,
                 _registered_method=True)
+        self.BuildPlanStream = channel.stream_unary(
+                '/cacheroute.v1.Planner/BuildPlanStream',
+                request_serializer=cacheroute_dot_v1_dot_planner__pb2.BuildPlanRequest.SerializeToString,
+                response_deserializer=cacheroute_dot_v1_dot_planner__pb2.BuildPlanResponse.FromString,
+                _registered_method=True)
         self.DiffPlans = channel.unary_unary(
                 '/cacheroute.v1.Planner/DiffPlans',
                 request_serializer=cacheroute_dot_v1_dot_planner__pb2.DiffPlansRequest.SerializeToString,
@@ -123,6 +128,14 @@ class PlannerServicer:
 
     def BuildPlan(self, request, context):
         """Build (and store) a candidate from explicit rates or from the telemetry window.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BuildPlanStream(self, request_iterator, context):
+        """BuildPlan for explicit rates above the message limit (a million keys): the first message
+        carries every field and the first slice of `rates`, later ones only further `rates`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -203,6 +216,11 @@ def add_PlannerServicer_to_server(servicer, server):
             ),
             'BuildPlan': grpc.unary_unary_rpc_method_handler(
                     servicer.BuildPlan,
+                    request_deserializer=cacheroute_dot_v1_dot_planner__pb2.BuildPlanRequest.FromString,
+                    response_serializer=cacheroute_dot_v1_dot_planner__pb2.BuildPlanResponse.SerializeToString,
+            ),
+            'BuildPlanStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.BuildPlanStream,
                     request_deserializer=cacheroute_dot_v1_dot_planner__pb2.BuildPlanRequest.FromString,
                     response_serializer=cacheroute_dot_v1_dot_planner__pb2.BuildPlanResponse.SerializeToString,
             ),
@@ -353,6 +371,33 @@ class Planner:
             request,
             target,
             '/cacheroute.v1.Planner/BuildPlan',
+            cacheroute_dot_v1_dot_planner__pb2.BuildPlanRequest.SerializeToString,
+            cacheroute_dot_v1_dot_planner__pb2.BuildPlanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildPlanStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/cacheroute.v1.Planner/BuildPlanStream',
             cacheroute_dot_v1_dot_planner__pb2.BuildPlanRequest.SerializeToString,
             cacheroute_dot_v1_dot_planner__pb2.BuildPlanResponse.FromString,
             options,
