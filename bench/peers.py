@@ -73,8 +73,8 @@ from peers_report import (SERIES_WORKLOADS, aggregate, capacity, fmt_ms, percent
                           point_failed, table)
 from peers_routers import EXTRA_ROUTERS, PEER_DISTS, ROUTERS, Router, peer_version, start_router  # noqa: E402
 
-MODEL = "model"
 PATH = "/v1/chat/completions"
+DRAIN_S = 1.0      # (e): between taking an instance out of the rotation and stopping it (a preStop sleep)
 
 
 # ------------------------------------------------------------------ the experiment's parameters
@@ -190,12 +190,13 @@ LLAMA = Scale(
     key_tokens=32, llama_slots=2, llama_ctx=2048,
 )
 
-# CI: a tier of 2 on 2 simulated engines; the restart workload restarts instance 1 at 2 s
+# CI: a tier of 2 on 2 simulated engines; restart restarts instance 1 at 2 s, kill kills instance 2 at 3 s
 SMOKE = Scale(
     name="smoke", engine="sim", replicas=2, warmup=1.5, duration=5.0,
-    grids={"tenants": (10.0,), "restart": (10.0,)}, slo={"tenants": 0.5, "restart": 0.5},
-    workload_knobs={"tenants": {"tenants": 20}, "restart": {"tenants": 20}},
-    key_tokens=1024, timeout=30.0, restart_at=2.0, restart_gap=60.0, bin_s=1.0,
+    grids={"tenants": (10.0,), "restart": (10.0,), "kill": (10.0,)},
+    slo={"tenants": 0.5, "restart": 0.5, "kill": 0.5},
+    workload_knobs={"tenants": {"tenants": 20}, "restart": {"tenants": 20}, "kill": {"tenants": 20}},
+    key_tokens=1024, timeout=30.0, restart_at=2.0, restart_gap=60.0, kill_at=3.0, bin_s=1.0,
 )
 SMOKE_ROUTERS = ("cacheroute", "smg-ca", "sglang-ca")
 
@@ -307,16 +308,17 @@ async def run_point(router_name: str, scale: Scale, workload: str, qps: float, s
                     progress: bool = True, tier: int = 1) -> dict:
     wl = make_workload(scale, workload, qps, seed)
     duration, warmup = scale.timing(workload)
-    schedule = [(q.rid, q.at, q.body(MODEL)) for q in wl.requests]     # rendered before the clock starts
     max_tokens = wl.requests[0].max_tokens if wl.requests else 1
     tier = 1 if router_name == "direct" else tier
-    planned = event_times(scale, workload, tier)
+    planned = event_times(scale, workload, tier) if router_name != "direct" else []   # no router to restart
     if any(kind != "rotate" for _, kind, _ in planned) and tier < 2:
         raise ValueError(f"workload {workload} needs a tier of 2 or more router instances (--tier)")
     log_dir = Path(tempfile.mkdtemp(prefix=f"{router_name}-{workload}-{qps:g}-", dir=log_root))
     engines = await start_engines(scale, log_dir)
     router = None
     try:
+        model = await engines.model_id()
+        schedule = [(q.rid, q.at, q.body(model)) for q in wl.requests]     # rendered before the clock starts
         router = await start_router(router_name, scale, engines, log_dir, tier=tier)
         rotation = Rotation(router.urls)
         loop = asyncio.get_running_loop()
@@ -341,7 +343,8 @@ async def run_point(router_name: str, scale: Scale, workload: str, qps: float, s
 
         def restart(i: int, t: float):
             async def go() -> None:
-                rotation.remove(i)       # the Service takes the endpoint out before the pod stops
+                rotation.remove(i)       # the Service takes the endpoint out before the pod stops,
+                await asyncio.sleep(DRAIN_S)   # and a preStop pause lets sends already under way land
                 url = await router.restart(i)
                 rotation.restore(i, url)
                 done_events.append({"t": t, "kind": "restart", "instance": i, **router.events[-1]})

@@ -143,7 +143,7 @@ def account(shapes: Sequence[PromptShape], served: Sequence[Served], warmup: flo
         re_sum += r
         bound_sum += b
         parts[cat] += missed
-        counts[cat] += 1
+        counts[cat] += missed > 0
     if not prompt:
         return {"prompt_tokens": 0}
     return {
@@ -152,7 +152,7 @@ def account(shapes: Sequence[PromptShape], served: Sequence[Served], warmup: flo
         "reusable": re_sum / prompt,
         "bound": bound_sum / prompt,
         "missed": {c: parts[c] / prompt for c in CATEGORIES},
-        "requests": counts,
+        "missed_requests": counts,        # requests that missed reusable tokens, per category
     }
 
 
@@ -179,8 +179,8 @@ def time_series(served: Sequence[Served], bin_s: float = 10.0, *, end: float | N
 
 def worst_dip(series: Sequence[dict], events: Iterable[float], *, before: int = 3, after: int = 3,
               bin_s: float = 10.0) -> float | None:
-    """Largest drop, in points of hit rate, of any bin from the `before` bins preceding an event
-    (their mean) within the `after` bins from it; None without events or data."""
+    """Largest drop (a fraction; 0 if none) of any bin's hit rate within the `after` bins from an
+    event below the mean of the `before` bins preceding it; None without events or data."""
     worst = None
     for t in events:
         k = int(t // bin_s)
@@ -188,6 +188,6 @@ def worst_dip(series: Sequence[dict], events: Iterable[float], *, before: int = 
         near = [b["hit"] for b in series[k:k + after] if b["hit"] is not None]
         if not ref or not near:
             continue
-        dip = sum(ref) / len(ref) - min(near)
+        dip = max(0.0, sum(ref) / len(ref) - min(near))
         worst = dip if worst is None else max(worst, dip)
     return worst

@@ -183,6 +183,17 @@ class Engines:
         for p in self.procs:
             p.stop()
 
+    async def model_id(self) -> str:
+        """The model the engines serve (their /v1/models): requests name it, since a model-aware
+        gateway (smg 1.13) routes by the `model` field and answers 404 for any other name."""
+        async with aiohttp.ClientSession() as session:
+            async with session.get(self.urls[0] + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                doc = await resp.json(content_type=None)
+        try:
+            return str(doc["data"][0]["id"])
+        except (KeyError, IndexError, TypeError):
+            raise RuntimeError(f"{self.urls[0]}/v1/models names no model: {str(doc)[:200]}") from None
+
     async def counters(self) -> list[dict[str, float]]:
         return list(await asyncio.gather(*(scrape(u) for u in self.urls)))
 

@@ -6,7 +6,8 @@ the client spreading requests round robin over them (clients.openloop.Rotation).
   cacheroute      the stack (redis, collector, planner) and N dispatchers sharing its one plan
                   (services.stack, `dispatchers=N`), HTTP to the engines
   cacheroute-w2   the same, each dispatcher with 2 worker processes (CACHEROUTE_WORKERS=2)
-  smg-ca          N x `smg launch --policy cache_aware` (Shepherd Model Gateway, its defaults),
+  smg-ca          N x `python -m smg launch --policy cache_aware` (Shepherd Model Gateway 1.13,
+                  its defaults; `-m smg` because sglang-router also installs a `smg` script),
                   each with its own tree (no coordination)
   smg-mesh        the same joined with `--enable-mesh` (its HA mesh: every instance lists the
                   others as `--mesh-peer-urls`, so they share state)
@@ -109,7 +110,7 @@ class Router:
         else:
             await asyncio.to_thread(self.procs[i].stop)
             self.procs[i] = spawn(f"{self.name}-{i + 1}", self.cmds[i], self.log_dir)
-            await wait_ready(self.urls[i], self.procs[i], timeout, "/v1/models")
+            await wait_ready(self.urls[i], self.procs[i], timeout, "/v1/models", want=serves_a_model)
             url = self.urls[i]
         self.urls[i] = url
         self.events.append({"kind": "restart", "instance": i, "down_s": round(time.monotonic() - t0, 2)})
@@ -150,6 +151,19 @@ class Router:
             self.stack.stop()
 
 
+def serves_a_model(status: int, body: bytes) -> bool:
+    """/v1/models answered with at least one model: the router has registered a worker (smg
+    answers an empty list, and 404s requests, until its background registration is done)."""
+    import json
+
+    if status != 200:
+        return False
+    try:
+        return bool(json.loads(body).get("data"))
+    except (ValueError, AttributeError):
+        return False
+
+
 def peer_version(dist: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -166,7 +180,9 @@ def peer_command(name: str, workers: list[str], port: int, mport: int, timeout: 
     common = ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
               "--prometheus-port", str(mport), "--request-timeout-secs", str(int(timeout))]
     if name in ("smg-ca", "smg-mesh"):
-        cmd = [str(exe_dir / "smg"), "launch", "--worker-urls", *workers, "--policy", "cache_aware", *common,
+        # `python -m smg`, not the `smg` script: sglang-router 0.3.2 installs an `smg` console script
+        # of its own (sglang_router.cli), and whichever package was installed last owns bin/smg
+        cmd = [sys.executable, "-m", "smg", "launch", "--worker-urls", *workers, "--policy", "cache_aware", *common,
                "--log-level", "warn"]
         if name == "smg-mesh":
             own, others = mesh
@@ -205,7 +221,8 @@ async def start_router(name: str, scale: Any, engines: Engines, log_dir: Path, t
         for i, cmd in enumerate(cmds):
             router.procs.append(spawn(f"{name}-{i + 1}", cmd, log_dir))
         # ready once it answers /v1/models from a worker (its own /health may precede registration)
-        await asyncio.gather(*(wait_ready(u, p, 90.0, "/v1/models") for u, p in zip(router.urls, router.procs)))
+        await asyncio.gather(*(wait_ready(u, p, 90.0, "/v1/models", want=serves_a_model)
+                               for u, p in zip(router.urls, router.procs)))
     except BaseException:
         router.stop()
         raise
