@@ -162,7 +162,7 @@ def time_series(served: Sequence[Served], bin_s: float = 10.0, *, end: float | N
     if bin_s <= 0:
         raise ValueError("bin_s must be > 0")
     last = max((s.at for s in served), default=0.0) if end is None else end
-    n = max(1, math.ceil(last / bin_s + 1e-9)) if last > 0 else 1
+    n = max(1, math.ceil(last / bin_s - 1e-9))
     bins = [{"t": i * bin_s, "prompt": 0, "cached": 0, "requests": 0, "errors": 0} for i in range(n)]
     for s in served:
         i = min(int(s.at // bin_s), n - 1)
