@@ -134,35 +134,36 @@ SIM = Scale(
 #   the longest (4,224 tokens) 357 ms.
 # - KV: 2,200 blocks x 16 = 35.2k tokens a replica, 140.8k for the 4; the tenants' working
 #   set 128 x 2,216 = 284k tokens = 2.0x the cluster's cache (the brief: 1.5-3x). One replica
-#   holds ~16 tenants' prompts, a quarter of the tenants (32) do not fit on their replica
-#   with the requests in flight: routing each tenant to one replica keeps most warm, spreading
-#   tenants everywhere cannot.
+#   holds ~16 tenants' prompts of the 32 a replica gets with one home per tenant: homes keep
+#   the hot half of each replica's tenants warm (the skew puts most requests there), spreading
+#   every tenant over every replica cannot keep any of them warm for long.
 # - Knee: prefill runs at 1/a = 12.8k tokens per model second a replica (a*N dominates t_w
 #   from 205 tokens a step). A request costs (1 - h) * 2,216 + ~60 tokens: ~390 at the 85%
 #   hit of one home per tenant (saturation ~33 req/s a replica, 130 for 4), ~1,190 at the
-#   49% of round robin (~43 for 4). The p99 knee sits at about half of saturation (bursts of
-#   cold prompts queue): checked once with the engine model in virtual time (4 replicas,
-#   tenants on fixed homes by LPT: 60 req/s p99 0.82 s, 80 req/s 1.34 s; round robin 40 req/s
-#   5.4 s). Time scale 2.5 puts the knee of a good router at ~28 req/s wall and round robin's
-#   below 16: the cluster's knee is inside 20-60 req/s, where every router needs a fraction
-#   of a core.
+#   49% of round robin (~43 for 4). The p99 knee sits well below saturation (bursts of cold
+#   prompts queue behind each other): bench/peers_knee.py drives these engines and this
+#   workload in model time with two idealised routers: tenants on fixed homes (LPT) pass the
+#   1 model-second SLO at 50 model req/s (p99 0.81 s) and fail at 60 (1.25 s); round robin
+#   passes at 20 (0.76 s) and fails at 30 (1.56 s). Time scale 2.0 puts those knees at ~27
+#   and ~12 req/s wall: the cluster's knee is inside 20-60 req/s, where every router needs a
+#   fraction of a core, and routing alone moves it by 2x.
 # - SLO: 1.0 model second on p99 TTFT (5.5x the mean cold prompt's idle TTFT, 2.8x the
-#   longest's) = 2.5 s wall at time scale 2.5. Mooncake: 64 words a 512-token block (prompts
+#   longest's) = 2.0 s wall at time scale 2.0. Mooncake: 64 words a 512-token block (prompts
 #   ~1/8 of the trace's), prompts over 8,192 words dropped (the KV pool must hold one);
-#   SLO 2.0 model s = 5 s wall, 2.7x the idle TTFT of an 8,192-token prompt (0.74 s).
+#   SLO 2.0 model s = 4 s wall, 2.7x the idle TTFT of an 8,192-token prompt (0.74 s).
 # - Whales: 2 whale tenants with 30% of the requests each: from 24 req/s on a whale is 7.2
-#   req/s wall = 18 model req/s, above one replica's knee (~70 / 4 = 17.5): it needs copies.
+#   req/s wall = 14.4 model req/s, above one replica's knee (~55 / 4 = 14): it needs copies.
 # - Drift rotates the ranks by 32 (a quarter of the tenants) every 60 s: the new hot set was
 #   lukewarm, the old hot tenants become the coldest. Restart / kill as the module header.
 BOUND_TENANTS = {"tenants": 128}
 BOUND = Scale(
     name="bound", engine="sim", replicas=4, warmup=30.0, duration=90.0,
-    profile="llama3-70b-fp8-h100x2", time_scale=2.5, kv_blocks=2200,
+    profile="llama3-70b-fp8-h100x2", time_scale=2.0, kv_blocks=2200,
     grids={"tenants": (8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0, 40.0),
            "whales": (8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0, 40.0),
            "mooncake": (4.0, 6.0, 8.0, 10.0, 12.0, 16.0),
            "drift": (16.0, 24.0), "restart": (16.0, 24.0), "kill": (16.0, 24.0)},
-    slo={"tenants": 2.5, "whales": 2.5, "mooncake": 5.0, "drift": 2.5, "restart": 2.5, "kill": 2.5},
+    slo={"tenants": 2.0, "whales": 2.0, "mooncake": 4.0, "drift": 2.0, "restart": 2.0, "kill": 2.0},
     workload_knobs={
         "tenants": BOUND_TENANTS,
         "whales": {**BOUND_TENANTS, "whales": 2, "whale_share": 0.6},
