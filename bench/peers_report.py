@@ -86,6 +86,13 @@ def capacity(points: list[dict], slo: float) -> dict:
     return out
 
 
+def common_passing_rate(result: dict) -> float | None:
+    """The highest rate at which every router of the result ran and passed the SLO (None if none)."""
+    passing = [{p["qps"] for p in pts if not point_failed(p, result["slo"])} for pts in result["points"].values()]
+    both = set.intersection(*passing) if passing else set()
+    return max(both) if both else None
+
+
 def fmt_ms(x: float | None) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
@@ -144,11 +151,17 @@ def table(result: dict) -> str:
         more = f"; not run past the knee: {', '.join(f'{q:g}' for q in skipped)} req/s" if skipped else ""
         rng = f" [{cap['spread'][0]:g}-{cap['spread'][1]:g}]" if cap.get("spread") else ""
         lines.append(f"- {router}: {cap['capacity']:g} req/s{rng}{cens.get(cap['censored'], '')}{more}")
+    common = common_passing_rate(result)
+    if common is not None:
+        lines.append("")
+        lines.append(f"At {common:g} req/s, the highest rate every router passes: " + "; ".join(
+            f"{r} p99 {fmt_ms(p['ttft_p99'])}, hit {_pct(p['hit_rate'])}"
+            for r, pts in result["points"].items() for p in pts if p["qps"] == common))
     dips = [(r, p["qps"], p["worst_dip"]) for r, pts in result["points"].items() for p in pts
             if p.get("worst_dip") is not None]
     if dips:
         lines.append("")
-        lines.append("Worst 10 s hit-rate dip after an event (points, against the 3 bins before it):")
+        lines.append("Worst hit-rate dip in the 3 series bins from an event (points, against the 3 bins before it):")
         lines.extend(f"- {r} at {q:g} req/s: {d * 100:.1f}" for r, q, d in dips)
     return "\n".join(lines)
 

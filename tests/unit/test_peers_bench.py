@@ -85,6 +85,7 @@ def test_repeats_take_the_median_with_the_spread_and_a_capacity_per_repeat(monke
     cap = result["capacity"]["smg-ca"]
     assert cap["capacity"] == 50.0 and cap["repeats"] == [50.0, 25.0, 50.0] and cap["spread"] == [25.0, 50.0]
     assert result["tier"] == 4 and "| smg-ca | 4 | 50 |" in peers.table(result)
+    assert "At 50 req/s, the highest rate every router passes: smg-ca p99 300 ms" in peers.table(result)
 
 
 def test_event_times_per_workload(peers):
