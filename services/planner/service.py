@@ -58,6 +58,8 @@ def _counters(registry, hub: WatchHub) -> LoopCounters:
                       "infinite-cache hit rate of the last window's arrivals (prefix-node telemetry)", registry=registry)
     achieved = Gauge("cacheroute_planner_achieved_hit_rate",
                      "cached / prompt tokens the engines reported over the last window", registry=registry)
+    churn = Gauge("cacheroute_planner_plan_churn", "rate share the last candidate moves off its parent's replicas",
+                  registry=registry)
     decisions = Counter("cacheroute_planner_switch_decisions_total", "loop outcomes", ["outcome"], registry=registry)
     errors = Counter("cacheroute_planner_loop_errors_total", "failed loop iterations", registry=registry)
 
@@ -69,6 +71,8 @@ def _counters(registry, hub: WatchHub) -> LoopCounters:
         build.observe(seconds)
         share.set(plan.admitted_rate_share)
         imbalance.set(plan.predicted_imbalance)
+        if plan.churn is not None:
+            churn.set(plan.churn)
         if "available_hit_rate" in plan.extra:
             available.set(plan.extra["available_hit_rate"])
         if "achieved_hit_rate" in plan.extra:
