@@ -63,3 +63,12 @@ def test_the_planner_gauge_follows_the_store_window(redis_url):
     rec, value = asyncio.run(main())
     assert rec.last is not None and rec.last.qps == pytest.approx(20, rel=0.3)
     assert value == gauge_value(rec.last, rec.config) and 1 <= value <= 4
+
+
+def test_the_planner_flag_turns_the_gauge_on():
+    from services.planner.__main__ import build_parser, config_from_args
+
+    base = ["--replicas", "a,b,c", "--port", "0"]
+    assert config_from_args(build_parser().parse_args(base)).advice is None
+    cfg = config_from_args(build_parser().parse_args(base + ["--advise-slo-p99", "1.5"])).advice
+    assert cfg is not None and cfg.replicas == 3 and cfg.slo_p99 == 1.5
