@@ -37,6 +37,7 @@ Environment variables (flags override them):
                                             cacheroute (gRPC engine), vllm, sglang, llamacpp, openai;
                                             per replica: id=KIND+URL (e.g. e1=vllm+http://10.0.0.5:8000)
 OpenAI HTTP API (services/dispatcher/http.py):
+  CACHEROUTE_EXT_PROC_PORT (-1)             Envoy ext_proc endpoint picker port (services/dispatcher/extproc.py), -1 off
   CACHEROUTE_HTTP_PORT (8080)               port, -1 off, 0 ephemeral (host: --host); it accepts the same
                                             keys as the gRPC data plane (CACHEROUTE_API_KEY above)
   CACHEROUTE_HTTP_MAX_BODY_BYTES (8388608)  larger request bodies are 413
@@ -110,6 +111,9 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     h.add_argument("--eject-after", type=int, default=env_number("EJECT_AFTER", "3", int))
     h.add_argument("--max-ejected-fraction", type=float, default=env_number("MAX_EJECTED_FRACTION", "0.5", float))
     h.add_argument("--connect-timeout", type=float, default=env_number("CONNECT_TIMEOUT", "3", float))
+    parser.add_argument("--ext-proc-port", type=int, default=env_number("EXT_PROC_PORT", "-1", int),
+                        help="Envoy ext_proc endpoint picker (Gateway API Inference Extension, "
+                             "services/dispatcher/extproc.py): -1 = off, 0 = ephemeral (env CACHEROUTE_EXT_PROC_PORT)")
     args = parser.parse_args(argv)
     if args.workers < 0:
         parser.error("--workers must be >= 0 (0 = one per core)")
@@ -151,7 +155,7 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         poll_timeout=args.poll_timeout,
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
         seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
-        budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring)
+        budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring, ext_proc_port=args.ext_proc_port)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,6 +51,7 @@ class DispatcherConfig:
     keyring: KeyRing = KeyRing()          # data-plane API keys (services/auth.py); the token is added
     workers: int = 1                   # > 1: the process supervises that many workers (services/dispatcher/workers.py)
     worker_index: int | None = None    # set in a worker the supervisor started
+    ext_proc_port: int = -1            # Envoy ext_proc endpoint picker (services/dispatcher/extproc.py): -1 off, 0 ephemeral
 
 
 class RouterMetrics:
@@ -112,6 +113,8 @@ class DispatcherService:
                          if config.collector else None)
         self.running: RunningServer | None = None
         self.http: HttpApi | None = None
+        self.ext_proc = None               # grpc.aio.Server of the endpoint picker, when on
+        self.ext_proc_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -138,6 +141,11 @@ class DispatcherService:
                                       collector=self.config.collector, source=self.config.dispatcher_id,
                                       tls=self.config.server.tls, token=self.config.server.auth_token,
                                       registry=metrics.registry).start()
+        if self.config.ext_proc_port >= 0:
+            from services.dispatcher.extproc import start_ext_proc
+            self.ext_proc, self.ext_proc_port = await start_ext_proc(
+                self.router, self.config.server.host, self.config.ext_proc_port,
+                key_tokens=self.config.http.key_tokens, max_output_tokens=self.config.http.max_output_tokens)
         if self.reporter is not None:
             self.reporter.start()
         if self.config.worker_index is not None:
@@ -155,6 +163,8 @@ class DispatcherService:
             await self.running.stop(grace)
         if self.http is not None:
             await self.http.stop()
+        if self.ext_proc is not None:
+            await self.ext_proc.stop(grace)
         await self.feed.stop()
         if self.reporter is not None:
             await self.reporter.stop()

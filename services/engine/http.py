@@ -15,7 +15,8 @@ gRPC Generate, so both share one KV cache and one queue.
   `prompt_tokens_details.cached_tokens` (always, also when 0).
 - `/metrics` uses vLLM V1's names (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`,
-  `vllm:prompt_tokens_total`, `vllm:request_success_total`, `vllm:num_preemptions_total`),
+  `vllm:prompt_tokens_total`, `vllm:request_success_total`, `vllm:num_preemptions_total`,
+  `vllm:time_to_first_token_seconds` in model seconds with vLLM's buckets),
   labelled `model_name`, so a dispatcher with `--engine-kind vllm` and third-party routers
   read it like a vLLM server.
 - Errors are OpenAI-shaped: 400 bad input (also a prompt or max_tokens over the engine's
@@ -31,11 +32,11 @@ import uuid
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from services import oai
 from services.core import routing
-from services.engine.runner import EngineRunner
+from services.engine.runner import TTFT_BUCKETS, EngineRunner
 from services.engine.servicer import Limits
 from services.errors import ResourceExhausted
 
@@ -71,6 +72,13 @@ class VllmMetrics:
         yield counter("vllm:prompt_tokens", "prompt tokens", model.prompt_tokens)
         yield counter("vllm:request_success", "requests that finished their prefill", model.requests)
         yield counter("vllm:num_preemptions", "preemptions", model.preemptions)
+        ttft = HistogramMetricFamily("vllm:time_to_first_token_seconds", "time to first token (model seconds)",
+                                     labels=["model_name"])
+        counts, total = list(self.runner.ttft_counts), self.runner.ttft_sum
+        cumulative = list(itertools.accumulate(counts))
+        ttft.add_metric(labels, [(f"{b:g}", c) for b, c in zip(TTFT_BUCKETS, cumulative)] + [("+Inf", cumulative[-1])],
+                        total)
+        yield ttft
 
 
 def _error(exc: oai.ApiError) -> web.Response:

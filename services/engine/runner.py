@@ -17,6 +17,7 @@ TTFT = (end of the step that finished the prefill) − arrival, in model seconds
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 from collections import deque
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ from services.core.engine import EngineModel, StepResult
 from services.core.request import Request
 from services.errors import ResourceExhausted
 from services.rpc import stop_tasks
+
+# vLLM's vllm:time_to_first_token_seconds buckets (upper bounds, seconds; +Inf implied)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 
 
 @dataclass(slots=True)
@@ -66,6 +71,8 @@ class EngineRunner:
         self._step_end: float | None = None        # model time the running step ends, None when idle
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)   # per bucket (not cumulative), last: +Inf
+        self.ttft_sum = 0.0                                  # model seconds
 
     # ------------------------------------------------------------ lifecycle
 
@@ -161,6 +168,8 @@ class EngineRunner:
             if cached is not None:
                 event.ttft = end - ticket.arrival
                 event.cached = cached
+                self.ttft_counts[bisect.bisect_left(TTFT_BUCKETS, event.ttft)] += 1
+                self.ttft_sum += event.ttft
             if rid in finished:
                 event.finished = True
                 ticket.done = True

@@ -45,6 +45,8 @@ Shadow gate and automatic fallback (services/planner/gate.py):
 Live failure repair (services/planner/repair.py; needs id=host:port replicas):
   CACHEROUTE_REPAIR (1)                            health-check replicas and repair the active plan
   CACHEROUTE_ENGINE_KIND (cacheroute)              kind of addresses without KIND+ (services/backends)
+  CACHEROUTE_ADVISE_SLO_P99 (0)                    > 0: export cacheroute_recommended_replicas for this p99 SLO
+  CACHEROUTE_ADVISE_PROFILE (llama3-8b-h100)       engine profile the capacity advisor simulates
   CACHEROUTE_HEALTH_INTERVAL (0.5)                 seconds between health checks of each replica
   CACHEROUTE_HEALTH_TIMEOUT (0.3)                  deadline of one health check, seconds
   CACHEROUTE_REPAIR_GRACE (2)                      seconds a replica must stay down before a repair
@@ -60,6 +62,7 @@ import sys
 
 from services.core.shadow import FallbackConfig
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
+from services.planner.advisor import AdviceConfig
 from services.planner.control import LoopConfig, switching_config
 from services.planner.gate import GateConfig
 from services.planner.service import PlannerConfig, serve
@@ -146,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deadline of one health check, seconds (default 0.3)")
     g.add_argument("--repair-grace", type=float, default=env_number("REPAIR_GRACE", "2", float),
                    help="seconds a replica stays down before its keys move (default 2)")
+    a = p.add_argument_group("capacity advisor (services/planner/advisor.py)")
+    a.add_argument("--advise-slo-p99", type=float, default=env_number("ADVISE_SLO_P99", "0", float),
+                   help="export cacheroute_recommended_replicas for this p99 TTFT SLO, seconds "
+                        "(env CACHEROUTE_ADVISE_SLO_P99; 0 = off)")
+    a.add_argument("--advise-profile", default=env("ADVISE_PROFILE", "llama3-8b-h100"),
+                   help="engine profile the advisor simulates (env CACHEROUTE_ADVISE_PROFILE)")
     return p
 
 
@@ -204,7 +213,10 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
                          gate=gate_from_args(args), replica_addresses={r.id: r.address for r in replicas if r.address},
                          repair=bool(args.repair), health_interval=args.health_interval,
                          health_timeout=args.health_timeout, repair_grace=args.repair_grace,
-                         engine_kind=args.engine_kind)
+                         engine_kind=args.engine_kind,
+                         advice=AdviceConfig(profile=args.advise_profile, replicas=len(loop.replica_ids),
+                                             slo_p99=args.advise_slo_p99, q_cap=loop.q_cap)
+                         if args.advise_slo_p99 > 0 else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from typing import Callable, Mapping
 from cacheroute.v1 import planner_pb2_grpc
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.planner.advisor import AdviceConfig, RecommendedReplicas
 from services.planner.control import ControlLoop, LoopConfig, LoopCounters
 from services.planner.gate import Gate, GateConfig
 from services.planner.repair import Repairer, ReplicaHealth
@@ -42,6 +43,7 @@ class PlannerConfig:
     health_timeout: float = 0.3
     repair_grace: float = 2.0
     engine_kind: str = "cacheroute"       # kind of replica addresses without KIND+ (services.backends)
+    advice: "AdviceConfig | None" = None  # cacheroute_recommended_replicas (services/planner/advisor.py); None: off
     clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
 
 
@@ -58,6 +60,8 @@ def _counters(registry, hub: WatchHub) -> LoopCounters:
                       "infinite-cache hit rate of the last window's arrivals (prefix-node telemetry)", registry=registry)
     achieved = Gauge("cacheroute_planner_achieved_hit_rate",
                      "cached / prompt tokens the engines reported over the last window", registry=registry)
+    churn = Gauge("cacheroute_planner_plan_churn", "rate share the last candidate moves off its parent's replicas",
+                  registry=registry)
     decisions = Counter("cacheroute_planner_switch_decisions_total", "loop outcomes", ["outcome"], registry=registry)
     errors = Counter("cacheroute_planner_loop_errors_total", "failed loop iterations", registry=registry)
 
@@ -69,6 +73,8 @@ def _counters(registry, hub: WatchHub) -> LoopCounters:
         build.observe(seconds)
         share.set(plan.admitted_rate_share)
         imbalance.set(plan.predicted_imbalance)
+        if plan.churn is not None:
+            churn.set(plan.churn)
         if "available_hit_rate" in plan.extra:
             available.set(plan.extra["available_hit_rate"])
         if "achieved_hit_rate" in plan.extra:
@@ -111,6 +117,9 @@ class PlannerService:
         self._resets = Counter("cacheroute_planner_store_resets", "times the store was found to have lost its plan "
                                "state (Redis restarted without persistence)", registry=self.metrics.registry)
         self.store.on_reset = self._store_reset
+        self.advisor = (RecommendedReplicas(self.store, self.metrics.registry, config.advice,
+                                            window_seconds=config.loop.window_seconds, interval=config.loop.interval,
+                                            clock=config.clock) if config.advice is not None else None)
 
     def _store_reset(self, seen: int, counter: int) -> None:
         """The store forgot versions it had: say so loudly; version numbers stay above `seen`."""
@@ -142,6 +151,8 @@ class PlannerService:
         self.loop.start()
         if self.repairer is not None:
             self.repairer.start()
+        if self.advisor is not None:
+            self.advisor.start()
         cfg = self.config.loop
         log.info("planner ready", extra=kv(planner=cfg.planner_id, replicas=len(cfg.replica_ids), q_cap=cfg.q_cap,
                                            warm_slots=cfg.warm_slots, interval=cfg.interval, auto=self.config.auto,
@@ -159,6 +170,8 @@ class PlannerService:
             await self.running.set_serving(False)
         if self.repairer is not None:
             await self.repairer.stop()
+        if self.advisor is not None:
+            await self.advisor.stop()
         await self.loop.stop()
         await self.hub.stop()
         if self.health is not None:

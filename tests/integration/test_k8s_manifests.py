@@ -31,6 +31,9 @@ K8S_VERSIONS = ("1.30.0", "1.37.0")
 # Created by the operator in production (overlays/production/kustomization.yaml says how).
 EXTERNAL_SECRETS = {"cacheroute-secrets"}
 WORKLOADS = {"Deployment", "StatefulSet"}
+# Custom resources kubernetes-validate has no schema for (their CRDs come with the Gateway API
+# and its Inference Extension): checked field by field in test_gateway_api_overlay_wires_the_picker.
+CUSTOM_KINDS = {("inference.networking.k8s.io/v1", "InferencePool"), ("gateway.networking.k8s.io/v1", "HTTPRoute")}
 
 
 def _kubectl() -> str:
@@ -74,7 +77,7 @@ def _known_env() -> set[str]:
 
 
 def test_overlays_exist():
-    assert {"trial", "production", "vllm"} <= set(OVERLAYS)
+    assert {"trial", "production", "vllm", "gateway-api"} <= set(OVERLAYS)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -84,6 +87,8 @@ def test_every_object_validates(overlay, version):
     assert objs
     failures = []
     for obj in objs:
+        if (obj["apiVersion"], obj["kind"]) in CUSTOM_KINDS:
+            continue
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -202,3 +207,29 @@ def test_vllm_overlay_fronts_the_vllm_service():
     cm = next(o for o in render("vllm") if o["kind"] == "ConfigMap")
     assert cm["data"]["CACHEROUTE_ENGINE_KIND"] == "vllm"
     assert parse_replicas(cm["data"]["CACHEROUTE_REPLICAS"])[0].address == "http://vllm:8000"
+
+
+def test_gateway_api_overlay_wires_the_picker():
+    objs = render("gateway-api")
+    kinds = {(o["apiVersion"], o["kind"]) for o in objs}
+    assert CUSTOM_KINDS <= kinds
+    assert all((o["apiVersion"], o["kind"]) in CUSTOM_KINDS or o["apiVersion"].count("/") <= 1 for o in objs)
+    by = {_name(o): o for o in objs}
+    pool = by["InferencePool/cacheroute-pool"]
+    assert set(pool["spec"]) == {"selector", "targetPorts", "endpointPickerRef"}
+    assert set(pool["spec"]["selector"]) == {"matchLabels"} and pool["spec"]["targetPorts"][0]["number"] == 8000
+    ref = pool["spec"]["endpointPickerRef"]
+    assert set(ref) <= {"group", "kind", "name", "port", "failureMode"} and ref["failureMode"] in ("FailOpen", "FailClose")
+    svc = by[f"Service/{ref['name']}"]
+    port = next(p for p in svc["spec"]["ports"] if p["port"] == ref["port"]["number"])
+    chosen = [t for _, t in _pods(objs) if _selects(svc["spec"]["selector"], t["metadata"]["labels"])]
+    assert chosen and all(c["command"][-1] == "dispatcher" for t in chosen for c in t["spec"]["containers"])
+    container_ports = {p.get("name"): p["containerPort"] for t in chosen for c in t["spec"]["containers"]
+                       for p in c.get("ports", [])}
+    cm = by["ConfigMap/cacheroute-config"]
+    assert int(cm["data"]["CACHEROUTE_EXT_PROC_PORT"]) == container_ports[port["targetPort"]]
+    engines = parse_replicas(cm["data"]["CACHEROUTE_REPLICAS"])
+    assert all(r.address.endswith(f":{pool['spec']['targetPorts'][0]['number']}") for r in engines)
+    route = by["HTTPRoute/cacheroute-inference"]
+    backends = [b for rule in route["spec"]["rules"] for b in rule["backendRefs"]]
+    assert backends == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "cacheroute-pool"}]

@@ -1,0 +1,81 @@
+"""`cacheroute advise`: the capacity advisor (services/planner/advisor.py) over a live stack.
+
+  cacheroute advise --collector HOST:PORT --replicas 8 [--spread 2] [--slo-p99 2] [--json]
+
+Reads the telemetry window's per-key rates from the collector (GetRates, the planner's input;
+CACHEROUTE_AUTH_TOKEN / _FILE when the collector wants a token), simulates the plan the
+planner would build on N-k .. N+k replicas of the engine profile, and prints the predicted
+hit rate and p99 TTFT per N and the smallest N meeting the SLO. Exit status 0 when some N
+meets it, 1 when none of the tried does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import grpc
+import orjson
+
+from clients.cli import CliError, add_address_flags
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from services.rpc import env
+
+    p = sub.add_parser("advise", help="capacity advisor: predicted hit rate and p99 TTFT on N-k..N+k replicas",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_address_flags(p, collector=True)
+    p.add_argument("--replicas", type=int, required=True, help="current replica count N")
+    p.add_argument("--spread", type=int, default=2, help="try N-k .. N+k (default 2)")
+    p.add_argument("--slo-p99", type=float, default=2.0, help="p99 TTFT SLO, seconds (default 2)")
+    p.add_argument("--profile", default=env("PROFILE", "llama3-8b-h100"), help="engine profile (env CACHEROUTE_PROFILE)")
+    p.add_argument("--q-cap", type=float, default=float(env("Q_CAP", "20")), help="req/s per replica at the knee")
+    p.add_argument("--window", type=float, default=0.0, help="telemetry window, seconds (0: the collector's)")
+    p.add_argument("--seconds", type=float, default=60.0, help="simulated traffic, seconds (default 60)")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def fetch_loads(collector: str, window: float, timeout: float):
+    from cacheroute.v1 import collector_pb2, collector_pb2_grpc
+    from services.planner.advisor import KeyLoad
+    from services.rpc import bearer_metadata, env, read_secret
+
+    token = read_secret(env("AUTH_TOKEN") or None, env("AUTH_TOKEN_FILE") or None)
+    with grpc.insecure_channel(collector) as ch:
+        reply = collector_pb2_grpc.CollectorStub(ch).GetRates(
+            collector_pb2.GetRatesRequest(window_seconds=window), timeout=timeout, metadata=bearer_metadata(token))
+    return [KeyLoad(r.key, r.rate, r.mean_prompt_tokens, r.mean_prefix_tokens) for r in reply.rates], reply
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.planner.advisor import AdviceConfig, advise
+
+    try:
+        config = AdviceConfig(profile=args.profile, replicas=args.replicas, spread=args.spread, slo_p99=args.slo_p99,
+                              q_cap=args.q_cap, seconds=args.seconds)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    loads, reply = fetch_loads(args.collector, args.window, args.timeout)
+    if not loads:
+        raise CliError(f"the collector's window ({reply.window_seconds:g} s) has no traffic to advise on")
+    advice = advise(loads, config)
+    if args.json:
+        print(orjson.dumps({"recommended": advice.recommended, "slo_p99": args.slo_p99, "qps": advice.qps,
+                            "requests": advice.requests, "keys": len(loads),
+                            "points": [{"replicas": p.replicas, "hit_rate": p.hit_rate,
+                                        "ttft_p99": p.ttft_p99 if math.isfinite(p.ttft_p99) else None,
+                                        "meets_slo": p.meets_slo} for p in advice.points]}).decode())
+    else:
+        print(f"window {reply.window_seconds:g} s: {len(loads)} keys, simulated {advice.requests} requests "
+              f"at {advice.qps:.1f} req/s on {args.profile}")
+        print(f"{'replicas':>8}  {'hit rate':>8}  {'p99 TTFT':>9}  SLO {args.slo_p99:g} s")
+        for p in advice.points:
+            mark = " <- current" if p.replicas == args.replicas else ""
+            print(f"{p.replicas:>8}  {p.hit_rate:>8.3f}  {p.ttft_p99:>8.3f}s  {'ok' if p.meets_slo else 'miss'}{mark}")
+        print(f"recommended: {advice.recommended}" if advice.recommended is not None
+              else f"recommended: more than {args.replicas + args.spread} (none of the tried meets the SLO)")
+    return 0 if advice.recommended is not None else 1
