@@ -9,7 +9,8 @@ a free loopback port (CACHEROUTE_PUBLISH_*), so the check runs beside anything a
 listening on 50051, 8080, ... Steps, each timed:
 
   1. `docker-compose up -d --no-build`, then wait until every container reports healthy
-     (a container that exits or turns unhealthy fails the check at once, with its log).
+     (a container that exits or turns unhealthy fails the check at once, with its log) and
+     `cacheroute status` reaches planner, collector and dispatchers on their published ports.
   2. `cacheroute demo --dispatchers ... --planner ... --json` over gRPC: every request of
      both phases answered (0 errors), a plan built and activated during the planned phase
      (the demo's BuildPlan note) and requests routed by it.
@@ -38,14 +39,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# CACHEROUTE_PUBLISH_* variable -> the container port it publishes, per compose file
-PUBLISHED = {
-    "PLANNER": "planner", "PLANNER_METRICS": "planner metrics",
-    "COLLECTOR": "collector", "COLLECTOR_METRICS": "collector metrics",
-    "DISPATCHER_1": "dispatcher-1", "DISPATCHER_1_METRICS": "dispatcher-1 metrics", "DISPATCHER_1_HTTP": "dispatcher-1 HTTP",
-    "DISPATCHER_2": "dispatcher-2", "DISPATCHER_2_METRICS": "dispatcher-2 metrics", "DISPATCHER_2_HTTP": "dispatcher-2 HTTP",
-    "ENGINE_1": "engine-1", "ENGINE_2": "engine-2", "ENGINE_3": "engine-3", "ENGINE_4": "engine-4",
-}
+# the CACHEROUTE_PUBLISH_* variables of docker-compose.yml: every published port
+PUBLISHED = ("PLANNER", "PLANNER_METRICS", "COLLECTOR", "COLLECTOR_METRICS",
+             "DISPATCHER_1", "DISPATCHER_1_METRICS", "DISPATCHER_1_HTTP",
+             "DISPATCHER_2", "DISPATCHER_2_METRICS", "DISPATCHER_2_HTTP",
+             "ENGINE_1", "ENGINE_2", "ENGINE_3", "ENGINE_4")
 
 
 class CheckFailed(Exception):
@@ -114,6 +112,9 @@ class ComposeCheck:
             waiting = [name for name, (_, health) in states.items() if health != "healthy"]
             if not waiting:
                 print(f"compose-check:   {len(states)} containers healthy", flush=True)
+                # and every service answers on its published port, seen from the host
+                run([*self.cli, "status", "--planner", self.planner, "--collector", self.collector,
+                     "--dispatchers", self.dispatchers, "--timeout", "3"], env=self.env, timeout=60)
                 return
             if time.monotonic() > deadline:
                 raise CheckFailed(f"not healthy within {self.args.healthy_timeout:g} s: {', '.join(waiting)}\n{self.logs(waiting)}")
@@ -196,21 +197,31 @@ class ComposeCheck:
 
     def wait_dispatchers(self, version: int, timeout: float = 15.0) -> None:
         """Until every dispatcher reports `version` on 5 reads in a row (a read reaches one of
-        its worker processes)."""
+        its worker processes). GetStatus in-process: a CLI per poll costs a second each."""
+        for path in (str(ROOT), str(ROOT / "protos")):
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        import grpc
+
+        from clients.client import CacheRouteClient
+
+        clients = [CacheRouteClient(a, timeout=2.0) for a in self.dispatchers.split(",")]
         deadline = time.monotonic() + timeout
-        streak = 0
-        while streak < 5:
-            proc = run([*self.cli, "status", "--planner", self.planner, "--collector", self.collector,
-                        "--dispatchers", self.dispatchers, "--json"], env=self.env, timeout=30, check=False)
-            try:
-                seen = [d.get("plan_version") for d in json.loads(proc.stdout)["dispatchers"]]
-            except (ValueError, KeyError):
-                seen = []
-            streak = streak + 1 if seen and all(v == version for v in seen) else 0
-            if streak < 5:
-                if time.monotonic() > deadline:
-                    raise CheckFailed(f"dispatchers report plan versions {seen}, not v{version}, after {timeout:g} s")
-                time.sleep(0.2)
+        streak, seen = 0, []
+        try:
+            while streak < 5:
+                try:
+                    seen = [c.dispatcher_status().plan_version for c in clients]
+                except grpc.RpcError as exc:
+                    seen = [f"{exc.code().name}"]  # type: ignore[attr-defined]
+                streak = streak + 1 if all(v == version for v in seen) else 0
+                if streak < 5:
+                    if time.monotonic() > deadline:
+                        raise CheckFailed(f"dispatchers report plan versions {seen}, not v{version}, after {timeout:g} s")
+                    time.sleep(0.1)
+        finally:
+            for c in clients:
+                c.close()
 
     # --- driver --------------------------------------------------------------------------
     def step(self, name: str, fn, *a) -> None:
