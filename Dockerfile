@@ -21,11 +21,12 @@ ENV PIP_NO_CACHE_DIR=1 \
 COPY ${WHEELHOUSE:-pyproject.toml} /wheels/
 RUN python3 -m venv /opt/venv
 WORKDIR /src
-# the dependencies first, in their own layer (reused while only the source changes): the
-# project without its modules yet
-COPY pyproject.toml README.md ./
+# the dependencies first, in their own layer (reused while only the source or the README
+# changes): the project without its modules yet, an empty README for its metadata
+COPY pyproject.toml ./
 RUN if [ -n "$WHEELHOUSE" ]; then set -- --no-index --find-links /wheels; fi \
-    && mkdir -p protos && pip install -q "$@" .
+    && mkdir -p protos && touch README.md && pip install -q "$@" .
+COPY README.md ./
 COPY protos ./protos
 COPY services ./services
 COPY clients ./clients

@@ -284,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file", default="docker-compose.yml", help="compose file (default docker-compose.yml)")
     parser.add_argument("--project", default="cacheroute-check", help="compose project name (default cacheroute-check)")
     parser.add_argument("--healthy-timeout", type=float, default=180.0, help="seconds to wait for healthy (default 180)")
-    parser.add_argument("--warmup", type=float, default=10.0, help="demo warm-up seconds per mode (default 10)")
-    parser.add_argument("--duration", type=float, default=10.0, help="demo measured seconds per mode (default 10)")
+    parser.add_argument("--warmup", type=float, default=8.0, help="demo warm-up seconds per mode (default 8)")
+    parser.add_argument("--duration", type=float, default=8.0, help="demo measured seconds per mode (default 8)")
     parser.add_argument("--qps", type=float, default=20.0, help="demo req/s (default 20)")
     parser.add_argument("--no-free-ports", dest="free_ports", action="store_false",
                         help="keep the CACHEROUTE_PUBLISH_* ports of the environment / the compose defaults")
