@@ -135,7 +135,7 @@ fi
 t0=$(now)
 say "docker build $IMAGE (FROM $BASE, offline from $WHEELHOUSE) ..."
 mkdir -p build
-if ! $NICE docker build -t "$IMAGE" --build-arg BASE_IMAGE="$BASE" --build-arg WHEELHOUSE="$WHEELHOUSE" . \
+if ! $NICE docker build --force-rm -t "$IMAGE" --build-arg BASE_IMAGE="$BASE" --build-arg WHEELHOUSE="$WHEELHOUSE" . \
     >build/docker-build.log 2>&1; then
   tail -n 30 build/docker-build.log >&2
   say "docker build failed (log above, all of it in build/docker-build.log)"
