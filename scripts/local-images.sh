@@ -89,6 +89,7 @@ docker tag "$BASE" cacheroute-base:local
 # the base image's Python and glibc decide which wheels it can install
 read -r pyver glibc machine < <(docker run --rm --network none "$BASE" python3 -c \
   'import platform, sys; print(f"{sys.version_info[0]}{sys.version_info[1]}", platform.libc_ver()[1], platform.machine())')
+[ -n "${machine:-}" ] || { say "could not run python3 in $BASE (docker run failed)"; exit 1; }
 glibc_minor=${glibc#*.}
 platforms=()
 for ((m = glibc_minor; m >= 17; m--)); do platforms+=(--platform "manylinux_2_${m}_${machine}"); done
