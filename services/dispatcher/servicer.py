@@ -9,6 +9,7 @@ from typing import AsyncIterator, Iterable, Sequence
 import grpc
 
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2
+from services.auth import bearer_of_metadata
 from services.core import routing
 from services.core.policy import NoHealthyReplica
 from services.core.request import BLOCK_TOKENS
@@ -127,14 +128,6 @@ def peer_host(context) -> str:
     return host if sep and port.isdigit() and not peer.startswith("unix:") else peer
 
 
-def _bearer(context) -> str | None:
-    for key, value in (context.invocation_metadata() or ()) if context is not None else ():
-        if key == "authorization":
-            text = value.decode() if isinstance(value, bytes) else value
-            return text[7:].strip() if text[:7].lower() == "bearer " else ""
-    return None
-
-
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
     def __init__(self, router: Router, monitor: ReplicaMonitor, rules: KeyRules, dispatcher_id: str, *,
                  budget: CallerBudget | None = None, keyring=None) -> None:
@@ -155,7 +148,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         refused calls without an accepted key."""
         if self.keyring is not None and self.keyring.enabled:
             try:
-                tenant = self.keyring.tenant_of(_bearer(context))
+                tenant = self.keyring.tenant_of(
+                    bearer_of_metadata(context.invocation_metadata() if context is not None else ()))
             except Exception:  # noqa: BLE001 - refused upstream; treat as the peer
                 return peer_host(context)
             return "tenant:" + tenant if tenant else None
