@@ -32,7 +32,8 @@ Errors, all `{"error": {"message", "type", "param", "code"}}` with a one-line me
   504 no bytes from the engine for `upstream_timeout` seconds, or no connection within
       `connect_timeout` seconds on two replicas
 Passive ejection (outlier detection, after Envoy's: consecutive failures, a cap on the share
-ejected). A replica that answered 5xx, timed out or broke a connection `eject_after` times in
+ejected; counted by services.dispatcher.monitor). Only engine failures count: a client
+that resets or closes while its stream is written to is not the engine's failure. A replica that answered 5xx, timed out or broke a connection `eject_after` times in
 a row (default 3; any answer below 500 resets the count) is taken out of rotation and kept
 out for `eject_seconds` (default 5) even if its /health says OK, then returns with its next
 good poll. Passive ejection never takes out more than `max_ejected_fraction` of the replicas
@@ -71,6 +72,7 @@ from services.core import routing
 from services.core.policy import NoHealthyReplica, Reason
 from services.dispatcher.cachestats import CacheUsage
 from services.dispatcher.keys import KEY_HEADER, request_key
+from services.dispatcher.monitor import Ejection
 from services.dispatcher.router import Router
 from services.rpc import kv
 
@@ -104,6 +106,17 @@ class _Retry(Exception):
         self.status, self.code = status, code
 
 
+class _ClientGone(Exception):
+    """Writing to the client failed (it reset or closed): never counted against the engine."""
+
+
+async def _to_client(resp: web.StreamResponse, data: bytes) -> None:
+    try:
+        await resp.write(data)
+    except (ConnectionError, RuntimeError, aiohttp.ClientConnectionError) as exc:
+        raise _ClientGone(type(exc).__name__) from None
+
+
 class FrontDoor:
     def __init__(self, router: Router, monitor, backends: Sequence[Backend], keyring: KeyRing,
                  config: HttpConfig, usage: CacheUsage, registry: CollectorRegistry | None = None) -> None:
@@ -115,7 +128,6 @@ class FrontDoor:
         self.usage = usage
         self.serving = True
         self.session: aiohttp.ClientSession | None = None
-        self._failures = [0] * len(router.ids)      # consecutive failures by replica (passive ejection)
         self._models: tuple[float, list] = (0.0, [])
         self._timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout,
                                               sock_read=config.upstream_timeout)
@@ -265,22 +277,9 @@ class FrontDoor:
         raise AssertionError("unreachable")
 
     def _eject(self, i: int, why: str, *, at_once: bool = False) -> None:
-        """One failure of replica `i`; ejects it on the `eject_after`-th in a row (`at_once`:
-        the engine refused the connection) within the cap on ejected replicas (module header)."""
+        """One engine failure of replica `i`: counted, then the monitor's passive ejection."""
         self._upstream.labels(self.router.ids[i], self.backends[i].kind).inc()
-        self._failures[i] += 1
-        if not at_once:
-            if self._failures[i] < self.config.eject_after:
-                return
-            cap = max(1, int(len(self._failures) * self.config.max_ejected_fraction))
-            if self.monitor.ejected() >= cap:
-                return
-        self._failures[i] = 0
-        reason = why if at_once else f"{why} ({self.config.eject_after} failures in a row)"
-        self.monitor.mark_down(i, reason, hold=self.config.eject_seconds)
-
-    def _answered(self, i: int) -> None:
-        self._failures[i] = 0
+        self.monitor.failed(i, why, at_once=at_once)
 
     # ------------------------------------------------------------ HTTP engines
 
@@ -326,7 +325,7 @@ class FrontDoor:
                 pass
             self._eject(i, f"answered {status}")
             raise oai.ApiError(502, f"replica {rid} answered HTTP {status}", "upstream_error", "engine_error")
-        self._answered(i)
+        self.monitor.answered(i)
         if status == 200:
             self.router.record_arrival(*served)
         if not req.stream or status != 200 or not ctype.startswith("text/event-stream"):
@@ -359,9 +358,12 @@ class FrontDoor:
                     ready, found = self._usage_events(i, ready, strip)
                     seen_usage = seen_usage or found
                 if ready:
-                    await resp.write(ready)
+                    await _to_client(resp, ready)
             if tail:
-                await resp.write(tail)
+                await _to_client(resp, tail)
+        except _ClientGone:       # the client's side broke: not the engine's failure (issue 20)
+            self.monitor.answered(i)
+            return resp
         except asyncio.TimeoutError:
             self._eject(i, "timed out mid-stream")
             await self._stream_error(resp, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
@@ -462,7 +464,7 @@ class FrontDoor:
             return resp
         finally:
             call.cancel()
-        self._answered(i)
+        self.monitor.answered(i)
         figures = oai.usage(prompt, emitted, cached)
         if not req.stream:
             return web.Response(body=render.full("".join(texts), "length", figures),
@@ -496,6 +498,7 @@ class HttpApi:
         self.config = config
         self.usage = CacheUsage(router.ids)
         monitor.on_stats = lambda i, s: self.usage.counters(i, s.requests, s.prompt_tokens, s.cached_tokens)
+        monitor.ejection = Ejection(config.eject_after, config.max_ejected_fraction, config.eject_seconds)
         self.front = FrontDoor(router, monitor, monitor.backends, keyring, config, self.usage, registry)
         any_http = any(b.http for b in monitor.backends)
         self.sender = (CacheStatsSender(self.usage, collector, source, tls=tls, token=token)

@@ -13,6 +13,13 @@ A proxied stream that fails marks its replica down immediately too (`mark_down`)
 with a hold: the HTTP API ejects a replica that answered 5xx or timed out for `hold` seconds
 even while its /health keeps saying OK.
 
+Passive ejection (outlier detection, after Envoy's) lives here too: `failed(i, why)` counts
+one engine failure of replica i, `answered(i)` resets its count. On the `after`-th failure
+in a row the replica is held out for `hold` seconds, unless `max_fraction` of the replicas
+(at least one) are held out already; `at_once` (a refused connection: the engine is gone)
+ejects without the count or the cap. Only engine failures may be reported: a client that
+went away is not the engine's fault (issue 20).
+
 Load of an HTTP engine without load gauges (kind `openai`, or a /metrics page without the
 kind's names) is the dispatcher's own count of requests it has open there.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from services.backends import Backend, BackendDown, EngineStats, make_backend
@@ -29,6 +37,13 @@ from services.dispatcher.router import Router
 from services.rpc import TLSFiles, every, kv, stop_tasks
 
 log = logging.getLogger("cacheroute.dispatcher.monitor")
+
+
+@dataclass(frozen=True)
+class Ejection:
+    after: int = 3                # consecutive failures before a replica is ejected
+    max_fraction: float = 0.5     # cap on the share of replicas held out by passive ejection
+    hold: float = 5.0             # seconds an ejected replica stays out even if /health says OK
 
 
 class ReplicaMonitor:
@@ -43,6 +58,8 @@ class ReplicaMonitor:
         self.on_stats = on_stats
         self._timeouts = [0] * len(router.replicas)
         self._held_until = [0.0] * len(router.replicas)
+        self._failures = [0] * len(router.replicas)   # consecutive engine failures (passive ejection)
+        self.ejection = Ejection()
         self.backends: list[Backend] = list(backends) if backends is not None else [
             make_backend(r.id, r.address, default_kind, tls=tls) for r in router.replicas]
         self.engines: list = []           # gRPC Engine stubs by replica index (None: an HTTP engine)
@@ -101,6 +118,23 @@ class ReplicaMonitor:
         """Replicas held out of rotation by `mark_down(..., hold)` right now."""
         now = time.monotonic()
         return sum(1 for until in self._held_until if until > now)
+
+    def failed(self, i: int, why: str, *, at_once: bool = False) -> bool:
+        """One engine failure of replica `i` (module header); True if it was ejected now."""
+        rule = self.ejection
+        self._failures[i] += 1
+        if not at_once:
+            if self._failures[i] < rule.after:
+                return False
+            if self.ejected() >= max(1, int(len(self._failures) * rule.max_fraction)):
+                return False
+        self._failures[i] = 0
+        self.mark_down(i, why if at_once else f"{why} ({rule.after} failures in a row)", hold=rule.hold)
+        return True
+
+    def answered(self, i: int) -> None:
+        """Replica `i` answered (below 500): its run of failures ends."""
+        self._failures[i] = 0
 
     def mark_down(self, i: int, why: str, hold: float = 0.0) -> None:
         if hold > 0:
