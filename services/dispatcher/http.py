@@ -238,7 +238,11 @@ class FrontDoor:
         req = oai.parse_request(doc, endpoint, max_output_tokens=self.config.max_output_tokens)
         header_key = request.headers.get(KEY_HEADER)
         try:
+            if header_key:
+                header_key.encode("utf-8")      # aiohttp keeps undecodable bytes as surrogates
             key = request_key(req.text, header_key, tenant=tenant, salt=req.salt, key_tokens=self.config.key_tokens)
+        except UnicodeEncodeError:
+            raise oai.bad_request("routing key: not valid UTF-8", KEY_HEADER) from None
         except ValueError as exc:
             raise oai.bad_request(f"routing key: {exc}", KEY_HEADER if header_key else None) from None
         prompt_tokens = routing.count_tokens(req.text)

@@ -207,5 +207,13 @@ def test_an_oversized_routing_key_header_is_400(stack):
     assert error["param"] == "x-cacheroute-key"
 
 
+@pytest.mark.parametrize("raw", [b"k\xff\xfe", b"\xc3\x28key", b"ok\x80"])
+def test_invalid_utf8_in_the_routing_key_header_is_400(stack, raw):
+    """Issue 20: invalid UTF-8 in x-cacheroute-key was a 500 and a traceback."""
+    error = expect_error(stack, 400, "POST", "/v1/chat/completions", json.dumps(GOOD).encode(),
+                         headers={"x-cacheroute-key": raw})
+    assert error["param"] == "x-cacheroute-key"
+
+
 def test_still_serving_after_everything(stack):
     test_a_good_request_is_served(stack)
