@@ -41,8 +41,9 @@ good poll. Passive ejection never takes out more than `max_ejected_fraction` of 
 deadlines, every replica looks slow at once, and ejecting them all would turn a slow cluster
 into one that answers only 503 (issue 12 measured exactly that). A dead engine still leaves:
 a refused connection ejects at once, without the cap, and the health poll takes it out. A
-connection that is refused or not accepted within `connect_timeout` (nothing was sent) is
-retried once on another replica, like gRPC Generate. After a stream's headers went out an
+connection that is refused or not accepted within `connect_timeout` (nothing was sent), and
+a 5xx answered before any byte was relayed, is retried once on another replica, like gRPC
+Generate; if no other replica is healthy the client gets the first replica's error. After a stream's headers went out an
 error arrives as a final SSE `data: {"error": ...}` event.
 
 A client that disconnects cancels its handler (aiohttp `handler_cancellation`), which
@@ -246,11 +247,13 @@ class FrontDoor:
         except ValueError as exc:
             raise oai.bad_request(f"routing key: {exc}", KEY_HEADER if header_key else None) from None
         prompt_tokens = routing.count_tokens(req.text)
-        now, avoid = time.time(), -1
+        now, avoid, first_error = time.time(), -1, None
         for attempt in range(2):
             try:   # the arrival counts as planner input once the engine answered (`_served`), as for Generate
                 pick = self.router.route(key, now, prompt_tokens, 0, report=False, avoid=avoid)
             except NoHealthyReplica:
+                if first_error is not None:     # nobody else to try: the first replica's answer
+                    raise first_error from None
                 raise oai.ApiError(503, "no healthy replica", "service_unavailable", "no_healthy_replica") from None
             i = pick.replica
             # every request with a text-derived key shares its first key_tokens tokens: the shared
@@ -268,11 +271,11 @@ class FrontDoor:
                 return await self._generate(request, i, backend, key, req, headers, served)
             except _Retry as why:
                 avoid = i
+                first_error = oai.ApiError(why.status, f"replica {self.router.ids[i]}: {why}",
+                                           "timeout" if why.status == 504 else "upstream_error", why.code)
+                first_error.headers = headers
                 if attempt == 1:
-                    error = oai.ApiError(why.status, f"replica {self.router.ids[i]}: {why}",
-                                         "timeout" if why.status == 504 else "upstream_error", why.code)
-                    error.headers = headers
-                    raise error from None
+                    raise first_error from None
             except oai.ApiError as error:
                 error.headers = headers
                 raise
@@ -328,7 +331,7 @@ class FrontDoor:
             except (asyncio.TimeoutError, aiohttp.ClientError):
                 pass
             self._eject(i, f"answered {status}")
-            raise oai.ApiError(502, f"replica {rid} answered HTTP {status}", "upstream_error", "engine_error")
+            raise _Retry(f"answered HTTP {status}", 502, "engine_error")    # nothing was relayed yet
         self.monitor.answered(i)
         if status == 200:
             self.router.record_arrival(*served)
