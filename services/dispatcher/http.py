@@ -10,8 +10,8 @@ fields routing needs (services.oai) -> routing key (services.dispatcher.keys) ->
 `Router.route` call (the same decision and telemetry as gRPC Route) -> the replica:
 
 - HTTP kinds (vllm, sglang, llamacpp, openai): the body is forwarded unchanged and the
-  engine's status, content type and body bytes come back unchanged, streamed chunk by chunk
-  for SSE. One exception, for cache telemetry: a stream whose client did not set
+  engine's status, content type and body bytes come back unchanged, streamed event by event
+  for SSE (events framed with LF, CRLF or CR blank lines, as the SSE spec allows). One exception, for cache telemetry: a stream whose client did not set
   `stream_options.include_usage` is sent with it set, and the engine's final usage chunk
   (`"choices": []`) is dropped before it reaches the client. Usage figures go to
   services.dispatcher.cachestats.
@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -105,6 +106,16 @@ class _Retry(Exception):
     def __init__(self, message: str, status: int = 502, code: str = "engine_unreachable") -> None:
         super().__init__(message)
         self.status, self.code = status, code
+
+
+# the end of an SSE event: a blank line, with any of the spec's line endings (LF, CRLF, CR)
+_EVENT_END = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+
+
+def _last_event_end(data: bytes) -> int:
+    """The offset just past the last complete SSE event in `data`; -1 if there is none."""
+    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (at := data.rfind(sep)) >= 0]
+    return max(ends) if ends else -1
 
 
 class _ClientGone(Exception):
@@ -356,11 +367,11 @@ class FrontDoor:
         try:
             async for data in upstream.content.iter_any():
                 data = tail + data if tail else data
-                cut = data.rfind(b"\n\n")
+                cut = _last_event_end(data)
                 if cut < 0:
                     tail = data
                     continue
-                ready, tail = data[:cut + 2], data[cut + 2:]
+                ready, tail = data[:cut], data[cut:]
                 if b'"usage":{' in ready or b'"usage": {' in ready:     # not the `"usage":null` of every chunk
                     ready, found = self._usage_events(i, ready, strip)
                     seen_usage = seen_usage or found
@@ -405,14 +416,15 @@ class FrontDoor:
             self.usage.record(i, *found)
 
     def _usage_events(self, i: int, ready: bytes, strip: bool) -> tuple[bytes, bool]:
-        """Record the usage of the SSE events in `ready`; drop the usage-only chunk if `strip`."""
+        """Record the usage of the SSE events in `ready` (whole events, any of the spec's
+        framings); drop the usage-only chunk if `strip`. Separators are kept as they came."""
+        parts = _EVENT_END.split(ready)          # event, separator, event, separator, ..., ""
         out, found = [], False
-        for event in ready.split(b"\n\n"):
-            if not event:
-                continue
-            if (b'"usage":{' in event or b'"usage": {' in event) and event.startswith(b"data: {"):
+        for event, sep in zip(parts[::2], parts[1::2] + [b""]):
+            line = event.lstrip(b"\r\n")
+            if (b'"usage":{' in line or b'"usage": {' in line) and line.startswith(b"data: {"):
                 try:
-                    doc = orjson.loads(event[6:])
+                    doc = orjson.loads(line[6:])
                 except orjson.JSONDecodeError:
                     doc = None
                 figures = oai.usage_of(doc)
@@ -421,8 +433,8 @@ class FrontDoor:
                     found = True
                     if strip and doc.get("choices") == []:
                         continue
-            out.append(event)
-        return b"".join(e + b"\n\n" for e in out), found
+            out += (event, sep)
+        return b"".join(out), found
 
     # ------------------------------------------------------------ the gRPC engine
 

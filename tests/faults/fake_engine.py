@@ -10,6 +10,7 @@
   garbage  an SSE stream of bytes that are not events
   close    one event, then the connection is aborted mid-stream
   slow     the stream, one event every `slow_seconds`
+`framing` ("lf", "crlf" or "cr") picks the blank line that ends each event of stream and slow.
 `/health` answers 200 unless `healthy` is False (then 503). `served` counts completions.
 """
 
@@ -36,6 +37,7 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, "prompt_
 class FakeEngine:
     def __init__(self, mode: str = "ok", *, events: int = 20, chunk_bytes: int = 64, slow_seconds: float = 0.2) -> None:
         self.mode, self.events, self.chunk_bytes, self.slow_seconds = mode, events, chunk_bytes, slow_seconds
+        self.framing = "lf"
         self.healthy = True
         self.served = 0
         self.running = None
@@ -77,7 +79,7 @@ class FakeEngine:
         if mode == "garbage":
             await resp.write(b"\x00\xffnot an event\x01" * 10)
             return resp
-        sep = b"\r\n\r\n" if mode == "crlf" else b"\n\n"
+        sep = b"\r\n\r\n" if mode == "crlf" else {"lf": b"\n\n", "crlf": b"\r\n\r\n", "cr": b"\r\r"}[self.framing]
         for n in range(self.events):
             await resp.write(b"data: " + _chunk("x" * self.chunk_bytes) + sep)
             if mode == "close":
