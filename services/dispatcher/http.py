@@ -279,6 +279,11 @@ class FrontDoor:
             try:
                 if backend.http:
                     return await self._proxy(request, i, backend, path, req, doc, body, headers, served)
+                refused = oai.unsupported_fields(doc)
+                if refused:
+                    raise oai.ApiError(400, f"replica {self.router.ids[i]} (kind cacheroute) cannot honour "
+                                       f"{', '.join(refused)}", "invalid_request_error", "unsupported_parameter",
+                                       refused[0])
                 return await self._generate(request, i, backend, key, req, headers, served)
             except _Retry as why:
                 avoid = i
