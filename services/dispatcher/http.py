@@ -29,8 +29,11 @@ Errors, all `{"error": {"message", "type", "param", "code"}}` with a one-line me
   429 / 4xx an engine's own client error, passed through unchanged
   503 no healthy replica
   502 the engine answered 5xx, refused the connection or closed it mid-response
-  504 no bytes from the engine for `upstream_timeout` seconds, or no connection within
-      `connect_timeout` seconds on two replicas
+  504 no headers (or, for a stream, no first event) from the engine within
+      `first_byte_timeout` seconds (default 60), no byte for `upstream_timeout` seconds
+      (default 600) after that, or no connection within `connect_timeout` seconds on two
+      replicas. Each counts as a failure of the replica (a replica that hangs after its
+      headers leaves rotation like one that never answers).
 Passive ejection (outlier detection, after Envoy's: consecutive failures, a cap on the share
 ejected; counted by services.dispatcher.monitor). Only engine failures count: a client
 that resets or closes while its stream is written to is not the engine's failure. A replica that answered 5xx, timed out or broke a connection `eject_after` times in
@@ -90,7 +93,8 @@ class HttpConfig:
     port: int = -1                        # -1: off, 0: ephemeral
     max_body_bytes: int = 8 * 1024 * 1024
     max_output_tokens: int = 32_768
-    upstream_timeout: float = 600.0       # seconds without a byte from the engine -> 504
+    upstream_timeout: float = 600.0       # idle: seconds without a byte from the engine mid-response -> 504
+    first_byte_timeout: float = 60.0      # seconds to the engine's headers, and to a stream's first event -> 504
     connect_timeout: float = 3.0
     eject_seconds: float = 5.0
     eject_after: int = 3                  # consecutive failures before a replica is ejected
@@ -316,14 +320,15 @@ class FrontDoor:
             body = orjson.dumps(doc)
         try:
             up_cm = self.session.post(backend.base_url + path, data=body, timeout=self._timeout, headers=_JSON)
-            upstream = await up_cm.__aenter__()
+            upstream = await asyncio.wait_for(up_cm.__aenter__(), self.config.first_byte_timeout)
         except aiohttp.ConnectionTimeoutError:
             self._eject(i, "connect timed out")
             raise _Retry(f"accepted no connection within {self.config.connect_timeout:g}s", 504,
                          "engine_timeout") from None
         except asyncio.TimeoutError:
             self._eject(i, "timed out")
-            raise oai.ApiError(504, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
+            waited = min(self.config.first_byte_timeout, self.config.upstream_timeout)
+            raise oai.ApiError(504, f"replica {rid} sent nothing for {waited:g}s",
                                "timeout", "engine_timeout") from None
         except aiohttp.ClientConnectorError as exc:
             self._eject(i, "connection refused", at_once=True)
@@ -368,9 +373,10 @@ class FrontDoor:
         resp = web.StreamResponse(status=status, headers={"content-type": ctype, "cache-control": "no-cache", **headers})
         await resp.prepare(request)
         seen_usage = False
-        tail = b""
+        tail, waiting = b"", self.config.first_byte_timeout
         try:
-            async for data in upstream.content.iter_any():
+            while data := await asyncio.wait_for(upstream.content.readany(), waiting):
+                waiting = None          # after the first event: the session's idle timeout (sock_read)
                 data = tail + data if tail else data
                 cut = _last_event_end(data)
                 if cut < 0:
@@ -389,8 +395,8 @@ class FrontDoor:
             return resp
         except asyncio.TimeoutError:
             self._eject(i, "timed out mid-stream")
-            await self._stream_error(resp, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
-                                     "timeout", 504)
+            waited = self.config.upstream_timeout if waiting is None else waiting
+            await self._stream_error(resp, f"replica {rid} sent nothing for {waited:g}s", "timeout", 504)
             return resp
         except aiohttp.ClientError as exc:
             self._eject(i, "closed mid-stream")
