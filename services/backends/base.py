@@ -34,6 +34,20 @@ class BackendDown(Exception):
         self.timeout = timeout
 
 
+class EngineError(Exception):
+    """A request to an engine failed; the one classification both front doors map from.
+
+    `kind`: "invalid" (the engine refused the request as malformed), "full" (no capacity
+    now), "timeout" (no answer in time), "unavailable" (unreachable or gone: the replica is
+    down), "failed" (any other engine error). `code`: the engine's own code, for messages."""
+
+    KINDS = ("invalid", "full", "timeout", "unavailable", "failed")
+
+    def __init__(self, kind: str, code: str, detail: str = "") -> None:
+        super().__init__(detail or code)
+        self.kind, self.code, self.detail = kind, code, detail
+
+
 def parse_endpoint(address: str, default_kind: str = "cacheroute") -> tuple[str, str]:
     """`[KIND+]address` -> (kind, address); ValueError (one line) when it does not fit the kind."""
     text = address.strip()

@@ -64,7 +64,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import aiohttp
-import grpc
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
@@ -72,7 +71,7 @@ from prometheus_client import CollectorRegistry, Counter
 from cacheroute.v1 import engine_pb2
 from services import oai
 from services.auth import AuthError, KeyRing, bearer
-from services.backends.base import Backend
+from services.backends.base import Backend, EngineError
 from services.core import routing
 from services.core.policy import NoHealthyReplica, Reason
 from services.dispatcher.cachestats import CacheUsage
@@ -453,7 +452,7 @@ class FrontDoor:
                         headers: dict, served: tuple) -> web.StreamResponse:
         rid = self.router.ids[i]
         message = engine_pb2.GenerateRequest(prompt=req.text, max_tokens=req.max_tokens or DEFAULT_MAX_TOKENS, key=key)
-        call = backend.engine.Generate(message, timeout=self.config.upstream_timeout)
+        call = backend.generate(message, self.config.upstream_timeout)
         render = oai.Renderer(req.endpoint, req.model or "", f"{rid}-{id(call):x}", int(time.time()))
         resp: web.StreamResponse | None = None
         texts: list[str] = []
@@ -474,26 +473,25 @@ class FrontDoor:
                                                        **headers})
                     await resp.prepare(request)
                 await resp.write(render.chunk(chunk.text, chunk.finish_reason or None if chunk.finished else None))
-        except grpc.aio.AioRpcError as err:
-            code = err.code()
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                error = oai.ApiError(400, err.details() or "invalid request")
-            elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                error = oai.ApiError(429, f"replica {rid}: {err.details()}", "rate_limit_error", "too_many_requests")
-            elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        except EngineError as failure:
+            if failure.kind == "invalid":
+                error = oai.ApiError(400, failure.detail or "invalid request")
+            elif failure.kind == "full":
+                error = oai.ApiError(429, f"replica {rid}: {failure.detail}", "rate_limit_error", "too_many_requests")
+            elif failure.kind == "timeout":
                 self._eject(i, "timed out")
                 error = oai.ApiError(504, f"replica {rid} timed out", "timeout", "engine_timeout")
             else:
-                self._eject(i, code.name, at_once=code == grpc.StatusCode.UNAVAILABLE)
-                if code == grpc.StatusCode.UNAVAILABLE and resp is None and not texts:
-                    raise _Retry(code.name) from None
-                error = oai.ApiError(502, f"replica {rid} failed: {code.name}", "upstream_error", "engine_error")
+                self._eject(i, failure.code, at_once=failure.kind == "unavailable")
+                if failure.kind == "unavailable" and resp is None and not texts:
+                    raise _Retry(failure.code) from None
+                error = oai.ApiError(502, f"replica {rid} failed: {failure.code}", "upstream_error", "engine_error")
             if resp is None:
                 raise error from None
             await self._stream_error(resp, str(error), error.type, error.status)
             return resp
         finally:
-            call.cancel()
+            await call.aclose()
         self.monitor.answered(i)
         figures = oai.usage(prompt, emitted, cached)
         if not req.stream:

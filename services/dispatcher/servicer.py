@@ -6,10 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterable, Sequence
 
-import grpc
-
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2
 from services.auth import bearer_of_metadata
+from services.backends.base import EngineError
 from services.core import routing
 from services.core.policy import NoHealthyReplica
 from services.core.request import BLOCK_TOKENS
@@ -21,7 +20,7 @@ from services.model import MAX_KEY_BYTES
 
 MODE = {False: common_pb2.MODE_PLANNED, True: common_pb2.MODE_FLAT}
 # engine answers before the first chunk after which Generate tries one other replica
-_REPLACEABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+_REPLACEABLE = frozenset({"unavailable", "full"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,11 +220,11 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
                 raise error from None     # nobody else to try: the first replica's answer
             i = pick.replica
             decision = self._decision(pick, key)
-            engine = self.monitor.engines[i]
-            if engine is None:
+            backend = self.monitor.backends[i]
+            if backend.http:
                 raise FailedPrecondition(f"replica {self._ids[i]} is an HTTP engine: send this request to the "
                                          "dispatcher's OpenAI HTTP API")
-            call = engine.Generate(request, timeout=timeout)
+            call = backend.generate(request, timeout)
             self.router.stream_opened(i)
             self.router.prefill_started(i, prompt_tokens)
             first = True
@@ -239,26 +238,25 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
                         self.router.record_arrival(key, now, prompt_tokens, prefix_tokens, blocks)
                     yield chunk
                 return
-            except grpc.aio.AioRpcError as err:
-                error = self._engine_error(i, err)
-                if not (first and attempt == 0 and err.code() in _REPLACEABLE):
+            except EngineError as failure:
+                error = self._engine_error(i, failure)
+                if not (first and attempt == 0 and failure.kind in _REPLACEABLE):
                     raise error from None
                 avoid = i
             finally:
                 if first:
                     self.router.prefill_done(i, prompt_tokens)
-                call.cancel()
+                await call.aclose()
                 self.router.stream_closed(i)
 
-    def _engine_error(self, i: int, err: grpc.aio.AioRpcError) -> Exception:
-        code, detail = err.code(), err.details()
-        if code == grpc.StatusCode.INVALID_ARGUMENT:
-            return InvalidArgument(detail)
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return ResourceExhausted(f"replica {self._ids[i]}: {detail}")
-        if code == grpc.StatusCode.UNAVAILABLE:
+    def _engine_error(self, i: int, failure: EngineError) -> Exception:
+        if failure.kind == "invalid":
+            return InvalidArgument(failure.detail)
+        if failure.kind == "full":
+            return ResourceExhausted(f"replica {self._ids[i]}: {failure.detail}")
+        if failure.kind == "unavailable":
             self.monitor.mark_down(i, "stream failed")
-        return Unavailable(f"replica {self._ids[i]} failed: {code.name}: {detail}")
+        return Unavailable(f"replica {self._ids[i]} failed: {failure.code}: {failure.detail}")
 
     async def GetStatus(self, request, context) -> dispatcher_pb2.DispatcherStatus:
         return status_message(self.router, self.dispatcher_id)
