@@ -18,6 +18,13 @@ fields routing needs (services.oai) -> routing key (services.dispatcher.keys) ->
 - `cacheroute` (the simulated gRPC engine): translated to Generate and rendered in
   OpenAI's shapes (services.oai.Renderer).
 
+Per-tenant cache isolation (`--tenant-cache-salt`, default off): requests to `vllm` replicas
+carry a `cache_salt` derived from the tenant (and the client's own salt), so vLLM never
+serves one tenant's cached prefix to another (issue 20's side channel). Routing keys are
+per tenant either way. Other kinds have no such field (SGLang, llama.cpp and `openai`
+servers share their prefix cache across callers): isolate tenants there by giving them
+separate replicas.
+
 Decision headers on every routed response: `x-cacheroute-replica` (replica id),
 `x-cacheroute-plan-version` (0: none), `x-cacheroute-reason` (planned, cold, fallback).
 
@@ -26,6 +33,8 @@ Errors, all `{"error": {"message", "type", "param", "code"}}` with a one-line me
       an invalid x-cacheroute-key; nothing is routed
   401 missing or wrong API key (services.auth; nothing is read past the headers)
   404 unknown path, 405 wrong method, 413 body over the limit
+  429 a tenant with `max_tenant_requests` completions open already (--max-tenant-requests,
+      default 0: no cap; the empty tenant of an open data plane is one tenant too)
   429 / 4xx an engine's own client error, passed through unchanged
   503 no healthy replica
   502 the engine answered 5xx, refused the connection or closed it mid-response
@@ -75,7 +84,7 @@ from services.backends.base import Backend, EngineError
 from services.core import routing
 from services.core.policy import NoHealthyReplica, Reason
 from services.dispatcher.cachestats import CacheUsage
-from services.dispatcher.keys import KEY_HEADER, request_key
+from services.dispatcher.keys import KEY_HEADER, request_key, tenant_cache_salt
 from services.dispatcher.monitor import Ejection
 from services.dispatcher.router import Router
 from services.rpc import kv
@@ -99,6 +108,8 @@ class HttpConfig:
     eject_after: int = 3                  # consecutive failures before a replica is ejected
     max_ejected_fraction: float = 0.5     # passive ejection's cap on the share of replicas out
     key_tokens: int = routing.DEFAULT_KEY_TOKENS
+    max_tenant_requests: int = 0          # open completions per tenant (0: no cap) -> 429 over it
+    tenant_cache_salt: bool = False       # vllm replicas: a per-tenant cache_salt (cache isolation)
     reuse_port: bool = False              # share the port with sibling worker processes (SO_REUSEPORT)
 
 
@@ -144,6 +155,7 @@ class FrontDoor:
         self.serving = True
         self.session: aiohttp.ClientSession | None = None
         self._models: tuple[float, list] = (0.0, [])
+        self._open: dict[str, int] = {}             # open completions by tenant (max_tenant_requests)
         self._timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout,
                                               sock_read=config.upstream_timeout)
         self._requests = Counter("cacheroute_http_requests", "HTTP API requests by endpoint and status",
@@ -248,6 +260,21 @@ class FrontDoor:
         tenant = self._tenant(request)
         if not self.serving:
             raise oai.ApiError(503, "dispatcher is stopping", "service_unavailable", "stopping")
+        cap = self.config.max_tenant_requests
+        if cap and self._open.get(tenant, 0) >= cap:
+            raise oai.ApiError(429, f"{cap} requests of this tenant are open already", "rate_limit_error",
+                               "too_many_requests")
+        self._open[tenant] = self._open.get(tenant, 0) + 1
+        try:
+            return await self._serve(request, endpoint, path, tenant)
+        finally:
+            left = self._open[tenant] - 1
+            if left:
+                self._open[tenant] = left
+            else:
+                del self._open[tenant]
+
+    async def _serve(self, request: web.Request, endpoint: str, path: str, tenant: str) -> web.StreamResponse:
         body = await request.read()
         doc = oai.parse_json(body)
         req = oai.parse_request(doc, endpoint, max_output_tokens=self.config.max_output_tokens)
@@ -281,7 +308,8 @@ class FrontDoor:
             self.router.stream_opened(i)
             try:
                 if backend.http:
-                    return await self._proxy(request, i, backend, path, req, doc, body, headers, served)
+                    return await self._proxy(request, i, backend, path, req, doc, body, headers, served,
+                                             tenant=tenant)
                 refused = oai.unsupported_fields(doc)
                 if refused:
                     raise oai.ApiError(400, f"replica {self.router.ids[i]} (kind cacheroute) cannot honour "
@@ -310,9 +338,12 @@ class FrontDoor:
     # ------------------------------------------------------------ HTTP engines
 
     async def _proxy(self, request: web.Request, i: int, backend: Backend, path: str, req: oai.ApiRequest,
-                     doc: dict, body: bytes, headers: dict, served: tuple) -> web.StreamResponse:
+                     doc: dict, body: bytes, headers: dict, served: tuple, *, tenant: str = "") -> web.StreamResponse:
         rid = self.router.ids[i]
         strip = req.stream and not req.include_usage
+        if self.config.tenant_cache_salt and tenant and backend.kind == "vllm":
+            doc = {**doc, "cache_salt": tenant_cache_salt(tenant, req.salt)}
+            body = orjson.dumps(doc)
         if strip:
             options = doc.get("stream_options")
             doc = {**doc, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
@@ -356,19 +387,7 @@ class FrontDoor:
         if status == 200:
             self.router.record_arrival(*served)
         if not req.stream or status != 200 or not ctype.startswith("text/event-stream"):
-            try:
-                data = await upstream.read()
-            except asyncio.TimeoutError:
-                self._eject(i, "timed out")
-                raise oai.ApiError(504, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
-                                   "timeout", "engine_timeout") from None
-            except aiohttp.ClientError as exc:
-                self._eject(i, type(exc).__name__)
-                raise oai.ApiError(502, f"replica {rid} closed the response: {type(exc).__name__}",
-                                   "upstream_error", "engine_error") from None
-            if status == 200:
-                self._record(i, data)
-            return web.Response(status=status, body=data, headers={"content-type": ctype, **headers})
+            return await self._relay_whole(i, upstream, ctype, headers)
         resp = web.StreamResponse(status=status, headers={"content-type": ctype, "cache-control": "no-cache", **headers})
         await resp.prepare(request)
         seen_usage = False
@@ -406,6 +425,24 @@ class FrontDoor:
             self.usage.record_missing(i)
         await resp.write_eof()
         return resp
+
+    async def _relay_whole(self, i: int, upstream: aiohttp.ClientResponse, ctype: str,
+                           headers: dict) -> web.Response:
+        """A response that is not a stream, relayed once whole."""
+        rid, status = self.router.ids[i], upstream.status
+        try:
+            data = await upstream.read()
+        except asyncio.TimeoutError:
+            self._eject(i, "timed out")
+            raise oai.ApiError(504, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
+                               "timeout", "engine_timeout") from None
+        except aiohttp.ClientError as exc:
+            self._eject(i, type(exc).__name__)
+            raise oai.ApiError(502, f"replica {rid} closed the response: {type(exc).__name__}",
+                               "upstream_error", "engine_error") from None
+        if status == 200:
+            self._record(i, data)
+        return web.Response(status=status, body=data, headers={"content-type": ctype, **headers})
 
     @staticmethod
     async def _stream_error(resp: web.StreamResponse, message: str, type_: str, code: int) -> None:

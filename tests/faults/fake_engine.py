@@ -40,6 +40,7 @@ class FakeEngine:
         self.framing = "lf"
         self.healthy = True
         self.served = 0
+        self.last_body = b""
         self.running = None
 
     @property
@@ -61,7 +62,7 @@ class FakeEngine:
         return web.json_response({"status": "ok"}, status=200 if self.healthy else 503)
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
-        await request.read()
+        self.last_body = await request.read()
         self.served += 1
         mode = self.mode
         if mode == "ok":
