@@ -27,11 +27,13 @@ class EngineStats:
 
 
 class BackendDown(Exception):
-    """A health check or poll failed; `timeout` tells a slow answer from a refusal or an error."""
+    """A health check or poll failed; `timeout` tells a slow answer from a refusal or an error,
+    `answered` an engine that answered "not healthy" (non-2xx /health, NOT_SERVING)."""
 
-    def __init__(self, why: str, *, timeout: bool = False) -> None:
+    def __init__(self, why: str, *, timeout: bool = False, answered: bool = False) -> None:
         super().__init__(why)
         self.timeout = timeout
+        self.answered = answered
 
 
 class EngineError(Exception):

@@ -69,7 +69,7 @@ class CacheRouteBackend(Backend):
         except grpc.aio.AioRpcError as err:
             raise BackendDown(err.code().name, timeout=err.code() == grpc.StatusCode.DEADLINE_EXCEEDED) from None
         if reply.status != SERVING:
-            raise BackendDown("NOT_SERVING")
+            raise BackendDown("NOT_SERVING", answered=True)
 
     async def poll(self, timeout: float) -> EngineStats:
         self.open_sync()
@@ -80,7 +80,7 @@ class CacheRouteBackend(Backend):
         except grpc.aio.AioRpcError as err:
             raise BackendDown(err.code().name, timeout=err.code() == grpc.StatusCode.DEADLINE_EXCEEDED) from None
         if health.status != SERVING:
-            raise BackendDown("NOT_SERVING")
+            raise BackendDown("NOT_SERVING", answered=True)
         return EngineStats(replica_id=stats.replica_id, model=stats.profile, waiting=stats.waiting,
                            running=stats.running, kv_usage=stats.kv_usage, requests=stats.requests,
                            prompt_tokens=stats.prompt_tokens, cached_tokens=stats.cached_tokens,

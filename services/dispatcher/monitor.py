@@ -20,6 +20,14 @@ in a row the replica is held out for `hold` seconds, unless `max_fraction` of th
 ejects without the count or the cap. Only engine failures may be reported: a client that
 went away is not the engine's fault (issue 20).
 
+Panic mode (after Envoy's panic threshold): health checks alone must not empty the rotation.
+When no replica is both passing its polls and not ejected, and every replica not ejected
+failed only softly (its poll timed out, or it answered "not healthy": a non-2xx /health,
+NOT_SERVING), the monitor puts all of those back into rotation and routes over them rather
+than answering 503 for everything (issue 20: a hanging /health emptied a cluster whose
+completions still worked). A replica that refuses connections or errors is down for real
+and ends panic mode for itself; panic mode ends as soon as one replica passes a poll.
+
 Load of an HTTP engine without load gauges (kind `openai`, or a /metrics page without the
 kind's names) is the dispatcher's own count of requests it has open there.
 """
@@ -60,6 +68,8 @@ class ReplicaMonitor:
         self._held_until = [0.0] * len(router.replicas)
         self._failures = [0] * len(router.replicas)   # consecutive engine failures (passive ejection)
         self.ejection = Ejection()
+        self._polled = [""] * len(router.replicas)    # last poll: "ok", "soft" (timeout / not healthy), "hard"
+        self.panic = False
         self.backends: list[Backend] = list(backends) if backends is not None else [
             make_backend(r.id, r.address, default_kind, tls=tls) for r in router.replicas]
         self.engines: list = []           # gRPC Engine stubs by replica index (None: an HTTP engine)
@@ -99,7 +109,9 @@ class ReplicaMonitor:
                 self._timeouts[i] += 1
                 if self._timeouts[i] < self.timeouts_to_down:
                     return  # one slow poll: keep the replica's last state
-            self._set(i, False, str(down))
+            self._polled[i] = "soft" if down.timeout or down.answered else "hard"
+            if not self._settle_panic():
+                self._set(i, False, str(down))
             return
         self._timeouts[i] = 0
         if stats.has_load:
@@ -110,9 +122,29 @@ class ReplicaMonitor:
             router.state.in_flight[i] = router.outstanding[i]
         if stats.has_counters and self.on_stats is not None:
             self.on_stats(i, stats)
+        self._polled[i] = "ok"
         if time.monotonic() < self._held_until[i]:
             return
         self._set(i, True, "OK")
+        self._settle_panic()
+
+    def _settle_panic(self) -> bool:
+        """Enter or leave panic mode (module header) after a poll result; True while in it."""
+        now = time.monotonic()
+        free = [j for j, until in enumerate(self._held_until) if until <= now]
+        panic = bool(free) and all(self._polled[j] == "soft" for j in free)
+        if panic:
+            for j in free:
+                self._set(j, True, "panic: health checks would empty the rotation")
+        elif self.panic:
+            for j in free:
+                if self._polled[j] != "ok":
+                    self._set(j, False, "panic over")
+        if panic != self.panic:
+            self.panic = panic
+            log.log(logging.WARNING if panic else logging.INFO, "panic mode %s", "on" if panic else "off",
+                    extra=kv(replicas=len(free)))
+        return panic
 
     def ejected(self) -> int:
         """Replicas held out of rotation by `mark_down(..., hold)` right now."""
@@ -137,6 +169,7 @@ class ReplicaMonitor:
         self._failures[i] = 0
 
     def mark_down(self, i: int, why: str, hold: float = 0.0) -> None:
+        self._polled[i] = "hard" if not hold else self._polled[i]
         if hold > 0:
             self._held_until[i] = max(self._held_until[i], time.monotonic() + hold)
         self._set(i, False, why)

@@ -11,7 +11,7 @@
   close    one event, then the connection is aborted mid-stream
   slow     the stream, one event every `slow_seconds`
 `framing` ("lf", "crlf" or "cr") picks the blank line that ends each event of stream and slow.
-`/health` answers 200 unless `healthy` is False (then 503). `served` counts completions.
+`/health` answers 200 unless `healthy` is False (then 503) or `hang_health` is True (never). `served` counts completions.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class FakeEngine:
         self.mode, self.events, self.chunk_bytes, self.slow_seconds = mode, events, chunk_bytes, slow_seconds
         self.framing = "lf"
         self.healthy = True
+        self.hang_health = False       # /health never answers
         self.served = 0
         self.last_body = b""
         self.running = None
@@ -59,6 +60,8 @@ class FakeEngine:
             await self.running.stop()
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.hang_health:
+            await asyncio.sleep(3600)
         return web.json_response({"status": "ok"}, status=200 if self.healthy else 503)
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
