@@ -107,6 +107,14 @@ def bearer(header: str | None) -> str | None:
     return text[7:].strip() if text[:7].lower() == "bearer " else ""
 
 
+def bearer_of_metadata(metadata) -> str | None:
+    """`bearer` of a gRPC call's `authorization` metadata (str or bytes); None if absent."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            return bearer(value.decode("utf-8", "replace") if isinstance(value, bytes) else value)
+    return None
+
+
 def keyring(api_key: str | None = None, api_key_file: str | None = None,
             auth_token: str | None = None, extra: Iterable[tuple[str, str]] = ()) -> KeyRing:
     """The ring from the configured sources (see the module docstring); ValueError on a bad file."""

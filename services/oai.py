@@ -89,6 +89,21 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, "invalid_request_error", "invalid_value" if param else "invalid_request", param)
 
 
+# fields the simulated gRPC engine (kind `cacheroute`) cannot honour; a request setting one is
+# refused with a 400 naming them rather than answered as if they were not there
+UNSUPPORTED_BY_GENERATE = ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs",
+                           "top_logprobs", "best_of", "logit_bias", "suffix", "echo")
+
+
+def unsupported_fields(doc: dict) -> list[str]:
+    """The fields of a request body that the gRPC engine kind cannot honour (n > 1 included)."""
+    names = [name for name in UNSUPPORTED_BY_GENERATE if doc.get(name) not in (None, False, [], {})]
+    n = doc.get("n")
+    if n is not None and n != 1:
+        names.insert(0, "n")
+    return names
+
+
 @dataclass(frozen=True, slots=True)
 class ApiRequest:
     endpoint: str               # CHAT or COMPLETIONS

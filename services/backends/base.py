@@ -27,11 +27,27 @@ class EngineStats:
 
 
 class BackendDown(Exception):
-    """A health check or poll failed; `timeout` tells a slow answer from a refusal or an error."""
+    """A health check or poll failed; `timeout` tells a slow answer from a refusal or an error,
+    `answered` an engine that answered "not healthy" (non-2xx /health, NOT_SERVING)."""
 
-    def __init__(self, why: str, *, timeout: bool = False) -> None:
+    def __init__(self, why: str, *, timeout: bool = False, answered: bool = False) -> None:
         super().__init__(why)
         self.timeout = timeout
+        self.answered = answered
+
+
+class EngineError(Exception):
+    """A request to an engine failed; the one classification both front doors map from.
+
+    `kind`: "invalid" (the engine refused the request as malformed), "full" (no capacity
+    now), "timeout" (no answer in time), "unavailable" (unreachable or gone: the replica is
+    down), "failed" (any other engine error). `code`: the engine's own code, for messages."""
+
+    KINDS = ("invalid", "full", "timeout", "unavailable", "failed")
+
+    def __init__(self, kind: str, code: str, detail: str = "") -> None:
+        super().__init__(detail or code)
+        self.kind, self.code, self.detail = kind, code, detail
 
 
 def parse_endpoint(address: str, default_kind: str = "cacheroute") -> tuple[str, str]:

@@ -57,7 +57,7 @@ class HttpBackend(Backend):
     async def check(self, timeout: float) -> None:
         status, _ = await self._get("/health", timeout)
         if not 200 <= status < 300:
-            raise BackendDown(f"/health answered {status}")
+            raise BackendDown(f"/health answered {status}", answered=True)
 
     async def poll(self, timeout: float) -> EngineStats:
         if self._reader is None:
@@ -66,7 +66,7 @@ class HttpBackend(Backend):
         (h_status, _), (m_status, page) = await asyncio.gather(self._get("/health", timeout),
                                                                self._get("/metrics", timeout))
         if not 200 <= h_status < 300:
-            raise BackendDown(f"/health answered {h_status}")
+            raise BackendDown(f"/health answered {h_status}", answered=True)
         stats = EngineStats(replica_id=self.replica_id)
         if m_status == 200:
             try:

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 from services.auth import keyring
@@ -107,6 +108,16 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     h.add_argument("--http-max-body-bytes", type=int, default=env_number("HTTP_MAX_BODY_BYTES", str(8 * 1024 * 1024), int))
     h.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "32768", int))
     h.add_argument("--upstream-timeout", type=float, default=env_number("UPSTREAM_TIMEOUT", "600", float))
+    h.add_argument("--max-tenant-requests", type=int, default=env_number("MAX_TENANT_REQUESTS", "0", int),
+                   help="open completions per tenant, over it 429; 0 = no cap (env CACHEROUTE_MAX_TENANT_REQUESTS, "
+                        "default 0)")
+    h.add_argument("--tenant-cache-salt", action="store_true",
+                   default=os.environ.get("CACHEROUTE_TENANT_CACHE_SALT", "") not in ("", "0", "false"),
+                   help="send vllm replicas a per-tenant cache_salt so tenants never share cached prefixes "
+                        "(env CACHEROUTE_TENANT_CACHE_SALT, default off)")
+    h.add_argument("--first-byte-timeout", type=float, default=env_number("FIRST_BYTE_TIMEOUT", "60", float),
+                   help="seconds to an engine's headers and a stream's first event, else 504 and a failure "
+                        "(env CACHEROUTE_FIRST_BYTE_TIMEOUT, default 60)")
     h.add_argument("--eject-seconds", type=float, default=env_number("EJECT_SECONDS", "5", float))
     h.add_argument("--eject-after", type=int, default=env_number("EJECT_AFTER", "3", int))
     h.add_argument("--max-ejected-fraction", type=float, default=env_number("MAX_EJECTED_FRACTION", "0.5", float))
@@ -127,8 +138,10 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         parser.error("--key-blocks and --key-tokens must be >= 1")
     if not (0 < args.poll_timeout and 0 < args.poll_interval):
         parser.error("--poll-interval and --poll-timeout must be > 0")
-    if args.eject_after < 1 or not 0.0 <= args.max_ejected_fraction <= 1.0 or not args.connect_timeout > 0:
-        parser.error("--eject-after must be >= 1, --max-ejected-fraction in [0, 1], --connect-timeout > 0")
+    if args.eject_after < 1 or not 0.0 <= args.max_ejected_fraction <= 1.0 or not args.connect_timeout > 0 \
+            or not args.first_byte_timeout > 0 or args.max_tenant_requests < 0:
+        parser.error("--eject-after must be >= 1, --max-ejected-fraction in [0, 1], --connect-timeout and "
+                     "--first-byte-timeout > 0, --max-tenant-requests >= 0")
     try:
         budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst)
     except ValueError as exc:
@@ -140,6 +153,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         parser.error(f"--api-key-file: {exc}")
     http = HttpConfig(host=args.host, port=args.http_port, max_body_bytes=args.http_max_body_bytes,
                       max_output_tokens=args.max_output_tokens, upstream_timeout=args.upstream_timeout,
+                      first_byte_timeout=args.first_byte_timeout, max_tenant_requests=args.max_tenant_requests,
+                      tenant_cache_salt=args.tenant_cache_salt,
                       eject_seconds=args.eject_seconds, eject_after=args.eject_after,
                       max_ejected_fraction=args.max_ejected_fraction, connect_timeout=args.connect_timeout,
                       key_tokens=args.key_tokens)

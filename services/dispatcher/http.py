@@ -10,13 +10,20 @@ fields routing needs (services.oai) -> routing key (services.dispatcher.keys) ->
 `Router.route` call (the same decision and telemetry as gRPC Route) -> the replica:
 
 - HTTP kinds (vllm, sglang, llamacpp, openai): the body is forwarded unchanged and the
-  engine's status, content type and body bytes come back unchanged, streamed chunk by chunk
-  for SSE. One exception, for cache telemetry: a stream whose client did not set
+  engine's status, content type and body bytes come back unchanged, streamed event by event
+  for SSE (events framed with LF, CRLF or CR blank lines, as the SSE spec allows). One exception, for cache telemetry: a stream whose client did not set
   `stream_options.include_usage` is sent with it set, and the engine's final usage chunk
   (`"choices": []`) is dropped before it reaches the client. Usage figures go to
   services.dispatcher.cachestats.
 - `cacheroute` (the simulated gRPC engine): translated to Generate and rendered in
   OpenAI's shapes (services.oai.Renderer).
+
+Per-tenant cache isolation (`--tenant-cache-salt`, default off): requests to `vllm` replicas
+carry a `cache_salt` derived from the tenant (and the client's own salt), so vLLM never
+serves one tenant's cached prefix to another (issue 20's side channel). Routing keys are
+per tenant either way. Other kinds have no such field (SGLang, llama.cpp and `openai`
+servers share their prefix cache across callers): isolate tenants there by giving them
+separate replicas.
 
 Decision headers on every routed response: `x-cacheroute-replica` (replica id),
 `x-cacheroute-plan-version` (0: none), `x-cacheroute-reason` (planned, cold, fallback).
@@ -26,13 +33,19 @@ Errors, all `{"error": {"message", "type", "param", "code"}}` with a one-line me
       an invalid x-cacheroute-key; nothing is routed
   401 missing or wrong API key (services.auth; nothing is read past the headers)
   404 unknown path, 405 wrong method, 413 body over the limit
+  429 a tenant with `max_tenant_requests` completions open already (--max-tenant-requests,
+      default 0: no cap; the empty tenant of an open data plane is one tenant too)
   429 / 4xx an engine's own client error, passed through unchanged
   503 no healthy replica
   502 the engine answered 5xx, refused the connection or closed it mid-response
-  504 no bytes from the engine for `upstream_timeout` seconds, or no connection within
-      `connect_timeout` seconds on two replicas
+  504 no headers (or, for a stream, no first event) from the engine within
+      `first_byte_timeout` seconds (default 60), no byte for `upstream_timeout` seconds
+      (default 600) after that, or no connection within `connect_timeout` seconds on two
+      replicas. Each counts as a failure of the replica (a replica that hangs after its
+      headers leaves rotation like one that never answers).
 Passive ejection (outlier detection, after Envoy's: consecutive failures, a cap on the share
-ejected). A replica that answered 5xx, timed out or broke a connection `eject_after` times in
+ejected; counted by services.dispatcher.monitor). Only engine failures count: a client
+that resets or closes while its stream is written to is not the engine's failure. A replica that answered 5xx, timed out or broke a connection `eject_after` times in
 a row (default 3; any answer below 500 resets the count) is taken out of rotation and kept
 out for `eject_seconds` (default 5) even if its /health says OK, then returns with its next
 good poll. Passive ejection never takes out more than `max_ejected_fraction` of the replicas
@@ -40,8 +53,9 @@ good poll. Passive ejection never takes out more than `max_ejected_fraction` of 
 deadlines, every replica looks slow at once, and ejecting them all would turn a slow cluster
 into one that answers only 503 (issue 12 measured exactly that). A dead engine still leaves:
 a refused connection ejects at once, without the cap, and the health poll takes it out. A
-connection that is refused or not accepted within `connect_timeout` (nothing was sent) is
-retried once on another replica, like gRPC Generate. After a stream's headers went out an
+connection that is refused or not accepted within `connect_timeout` (nothing was sent), and
+a 5xx answered before any byte was relayed, is retried once on another replica, like gRPC
+Generate; if no other replica is healthy the client gets the first replica's error. After a stream's headers went out an
 error arrives as a final SSE `data: {"error": ...}` event.
 
 A client that disconnects cancels its handler (aiohttp `handler_cancellation`), which
@@ -53,12 +67,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import aiohttp
-import grpc
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
@@ -66,11 +80,12 @@ from prometheus_client import CollectorRegistry, Counter
 from cacheroute.v1 import engine_pb2
 from services import oai
 from services.auth import AuthError, KeyRing, bearer
-from services.backends.base import Backend
+from services.backends.base import Backend, EngineError
 from services.core import routing
 from services.core.policy import NoHealthyReplica, Reason
 from services.dispatcher.cachestats import CacheUsage
-from services.dispatcher.keys import KEY_HEADER, request_key
+from services.dispatcher.keys import KEY_HEADER, request_key, tenant_cache_salt
+from services.dispatcher.monitor import Ejection
 from services.dispatcher.router import Router
 from services.rpc import kv
 
@@ -86,12 +101,15 @@ class HttpConfig:
     port: int = -1                        # -1: off, 0: ephemeral
     max_body_bytes: int = 8 * 1024 * 1024
     max_output_tokens: int = 32_768
-    upstream_timeout: float = 600.0       # seconds without a byte from the engine -> 504
+    upstream_timeout: float = 600.0       # idle: seconds without a byte from the engine mid-response -> 504
+    first_byte_timeout: float = 60.0      # seconds to the engine's headers, and to a stream's first event -> 504
     connect_timeout: float = 3.0
     eject_seconds: float = 5.0
     eject_after: int = 3                  # consecutive failures before a replica is ejected
     max_ejected_fraction: float = 0.5     # passive ejection's cap on the share of replicas out
     key_tokens: int = routing.DEFAULT_KEY_TOKENS
+    max_tenant_requests: int = 0          # open completions per tenant (0: no cap) -> 429 over it
+    tenant_cache_salt: bool = False       # vllm replicas: a per-tenant cache_salt (cache isolation)
     reuse_port: bool = False              # share the port with sibling worker processes (SO_REUSEPORT)
 
 
@@ -102,6 +120,27 @@ class _Retry(Exception):
     def __init__(self, message: str, status: int = 502, code: str = "engine_unreachable") -> None:
         super().__init__(message)
         self.status, self.code = status, code
+
+
+# the end of an SSE event: a blank line, with any of the spec's line endings (LF, CRLF, CR)
+_EVENT_END = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+
+
+def _last_event_end(data: bytes) -> int:
+    """The offset just past the last complete SSE event in `data`; -1 if there is none."""
+    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (at := data.rfind(sep)) >= 0]
+    return max(ends) if ends else -1
+
+
+class _ClientGone(Exception):
+    """Writing to the client failed (it reset or closed): never counted against the engine."""
+
+
+async def _to_client(resp: web.StreamResponse, data: bytes) -> None:
+    try:
+        await resp.write(data)
+    except (ConnectionError, RuntimeError, aiohttp.ClientConnectionError) as exc:
+        raise _ClientGone(type(exc).__name__) from None
 
 
 class FrontDoor:
@@ -115,8 +154,8 @@ class FrontDoor:
         self.usage = usage
         self.serving = True
         self.session: aiohttp.ClientSession | None = None
-        self._failures = [0] * len(router.ids)      # consecutive failures by replica (passive ejection)
         self._models: tuple[float, list] = (0.0, [])
+        self._open: dict[str, int] = {}             # open completions by tenant (max_tenant_requests)
         self._timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout,
                                               sock_read=config.upstream_timeout)
         self._requests = Counter("cacheroute_http_requests", "HTTP API requests by endpoint and status",
@@ -221,20 +260,41 @@ class FrontDoor:
         tenant = self._tenant(request)
         if not self.serving:
             raise oai.ApiError(503, "dispatcher is stopping", "service_unavailable", "stopping")
+        cap = self.config.max_tenant_requests
+        if cap and self._open.get(tenant, 0) >= cap:
+            raise oai.ApiError(429, f"{cap} requests of this tenant are open already", "rate_limit_error",
+                               "too_many_requests")
+        self._open[tenant] = self._open.get(tenant, 0) + 1
+        try:
+            return await self._serve(request, endpoint, path, tenant)
+        finally:
+            left = self._open[tenant] - 1
+            if left:
+                self._open[tenant] = left
+            else:
+                del self._open[tenant]
+
+    async def _serve(self, request: web.Request, endpoint: str, path: str, tenant: str) -> web.StreamResponse:
         body = await request.read()
         doc = oai.parse_json(body)
         req = oai.parse_request(doc, endpoint, max_output_tokens=self.config.max_output_tokens)
         header_key = request.headers.get(KEY_HEADER)
         try:
+            if header_key:
+                header_key.encode("utf-8")      # aiohttp keeps undecodable bytes as surrogates
             key = request_key(req.text, header_key, tenant=tenant, salt=req.salt, key_tokens=self.config.key_tokens)
+        except UnicodeEncodeError:
+            raise oai.bad_request("routing key: not valid UTF-8", KEY_HEADER) from None
         except ValueError as exc:
             raise oai.bad_request(f"routing key: {exc}", KEY_HEADER if header_key else None) from None
         prompt_tokens = routing.count_tokens(req.text)
-        now, avoid = time.time(), -1
+        now, avoid, first_error = time.time(), -1, None
         for attempt in range(2):
             try:   # the arrival counts as planner input once the engine answered (`_served`), as for Generate
                 pick = self.router.route(key, now, prompt_tokens, 0, report=False, avoid=avoid)
             except NoHealthyReplica:
+                if first_error is not None:     # nobody else to try: the first replica's answer
+                    raise first_error from None
                 raise oai.ApiError(503, "no healthy replica", "service_unavailable", "no_healthy_replica") from None
             i = pick.replica
             # every request with a text-derived key shares its first key_tokens tokens: the shared
@@ -248,15 +308,21 @@ class FrontDoor:
             self.router.stream_opened(i)
             try:
                 if backend.http:
-                    return await self._proxy(request, i, backend, path, req, doc, body, headers, served)
+                    return await self._proxy(request, i, backend, path, req, doc, body, headers, served,
+                                             tenant=tenant)
+                refused = oai.unsupported_fields(doc)
+                if refused:
+                    raise oai.ApiError(400, f"replica {self.router.ids[i]} (kind cacheroute) cannot honour "
+                                       f"{', '.join(refused)}", "invalid_request_error", "unsupported_parameter",
+                                       refused[0])
                 return await self._generate(request, i, backend, key, req, headers, served)
             except _Retry as why:
                 avoid = i
+                first_error = oai.ApiError(why.status, f"replica {self.router.ids[i]}: {why}",
+                                           "timeout" if why.status == 504 else "upstream_error", why.code)
+                first_error.headers = headers
                 if attempt == 1:
-                    error = oai.ApiError(why.status, f"replica {self.router.ids[i]}: {why}",
-                                         "timeout" if why.status == 504 else "upstream_error", why.code)
-                    error.headers = headers
-                    raise error from None
+                    raise first_error from None
             except oai.ApiError as error:
                 error.headers = headers
                 raise
@@ -265,43 +331,34 @@ class FrontDoor:
         raise AssertionError("unreachable")
 
     def _eject(self, i: int, why: str, *, at_once: bool = False) -> None:
-        """One failure of replica `i`; ejects it on the `eject_after`-th in a row (`at_once`:
-        the engine refused the connection) within the cap on ejected replicas (module header)."""
+        """One engine failure of replica `i`: counted, then the monitor's passive ejection."""
         self._upstream.labels(self.router.ids[i], self.backends[i].kind).inc()
-        self._failures[i] += 1
-        if not at_once:
-            if self._failures[i] < self.config.eject_after:
-                return
-            cap = max(1, int(len(self._failures) * self.config.max_ejected_fraction))
-            if self.monitor.ejected() >= cap:
-                return
-        self._failures[i] = 0
-        reason = why if at_once else f"{why} ({self.config.eject_after} failures in a row)"
-        self.monitor.mark_down(i, reason, hold=self.config.eject_seconds)
-
-    def _answered(self, i: int) -> None:
-        self._failures[i] = 0
+        self.monitor.failed(i, why, at_once=at_once)
 
     # ------------------------------------------------------------ HTTP engines
 
     async def _proxy(self, request: web.Request, i: int, backend: Backend, path: str, req: oai.ApiRequest,
-                     doc: dict, body: bytes, headers: dict, served: tuple) -> web.StreamResponse:
+                     doc: dict, body: bytes, headers: dict, served: tuple, *, tenant: str = "") -> web.StreamResponse:
         rid = self.router.ids[i]
         strip = req.stream and not req.include_usage
+        if self.config.tenant_cache_salt and tenant and backend.kind == "vllm":
+            doc = {**doc, "cache_salt": tenant_cache_salt(tenant, req.salt)}
+            body = orjson.dumps(doc)
         if strip:
             options = doc.get("stream_options")
             doc = {**doc, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
             body = orjson.dumps(doc)
         try:
             up_cm = self.session.post(backend.base_url + path, data=body, timeout=self._timeout, headers=_JSON)
-            upstream = await up_cm.__aenter__()
+            upstream = await asyncio.wait_for(up_cm.__aenter__(), self.config.first_byte_timeout)
         except aiohttp.ConnectionTimeoutError:
             self._eject(i, "connect timed out")
             raise _Retry(f"accepted no connection within {self.config.connect_timeout:g}s", 504,
                          "engine_timeout") from None
         except asyncio.TimeoutError:
             self._eject(i, "timed out")
-            raise oai.ApiError(504, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
+            waited = min(self.config.first_byte_timeout, self.config.upstream_timeout)
+            raise oai.ApiError(504, f"replica {rid} sent nothing for {waited:g}s",
                                "timeout", "engine_timeout") from None
         except aiohttp.ClientConnectorError as exc:
             self._eject(i, "connection refused", at_once=True)
@@ -325,47 +382,39 @@ class FrontDoor:
             except (asyncio.TimeoutError, aiohttp.ClientError):
                 pass
             self._eject(i, f"answered {status}")
-            raise oai.ApiError(502, f"replica {rid} answered HTTP {status}", "upstream_error", "engine_error")
-        self._answered(i)
+            raise _Retry(f"answered HTTP {status}", 502, "engine_error")    # nothing was relayed yet
+        self.monitor.answered(i)
         if status == 200:
             self.router.record_arrival(*served)
         if not req.stream or status != 200 or not ctype.startswith("text/event-stream"):
-            try:
-                data = await upstream.read()
-            except asyncio.TimeoutError:
-                self._eject(i, "timed out")
-                raise oai.ApiError(504, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
-                                   "timeout", "engine_timeout") from None
-            except aiohttp.ClientError as exc:
-                self._eject(i, type(exc).__name__)
-                raise oai.ApiError(502, f"replica {rid} closed the response: {type(exc).__name__}",
-                                   "upstream_error", "engine_error") from None
-            if status == 200:
-                self._record(i, data)
-            return web.Response(status=status, body=data, headers={"content-type": ctype, **headers})
+            return await self._relay_whole(i, upstream, ctype, headers)
         resp = web.StreamResponse(status=status, headers={"content-type": ctype, "cache-control": "no-cache", **headers})
         await resp.prepare(request)
         seen_usage = False
-        tail = b""
+        tail, waiting = b"", self.config.first_byte_timeout
         try:
-            async for data in upstream.content.iter_any():
+            while data := await asyncio.wait_for(upstream.content.readany(), waiting):
+                waiting = None          # after the first event: the session's idle timeout (sock_read)
                 data = tail + data if tail else data
-                cut = data.rfind(b"\n\n")
+                cut = _last_event_end(data)
                 if cut < 0:
                     tail = data
                     continue
-                ready, tail = data[:cut + 2], data[cut + 2:]
+                ready, tail = data[:cut], data[cut:]
                 if b'"usage":{' in ready or b'"usage": {' in ready:     # not the `"usage":null` of every chunk
                     ready, found = self._usage_events(i, ready, strip)
                     seen_usage = seen_usage or found
                 if ready:
-                    await resp.write(ready)
+                    await _to_client(resp, ready)
             if tail:
-                await resp.write(tail)
+                await _to_client(resp, tail)
+        except _ClientGone:       # the client's side broke: not the engine's failure (issue 20)
+            self.monitor.answered(i)
+            return resp
         except asyncio.TimeoutError:
             self._eject(i, "timed out mid-stream")
-            await self._stream_error(resp, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
-                                     "timeout", 504)
+            waited = self.config.upstream_timeout if waiting is None else waiting
+            await self._stream_error(resp, f"replica {rid} sent nothing for {waited:g}s", "timeout", 504)
             return resp
         except aiohttp.ClientError as exc:
             self._eject(i, "closed mid-stream")
@@ -376,6 +425,24 @@ class FrontDoor:
             self.usage.record_missing(i)
         await resp.write_eof()
         return resp
+
+    async def _relay_whole(self, i: int, upstream: aiohttp.ClientResponse, ctype: str,
+                           headers: dict) -> web.Response:
+        """A response that is not a stream, relayed once whole."""
+        rid, status = self.router.ids[i], upstream.status
+        try:
+            data = await upstream.read()
+        except asyncio.TimeoutError:
+            self._eject(i, "timed out")
+            raise oai.ApiError(504, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
+                               "timeout", "engine_timeout") from None
+        except aiohttp.ClientError as exc:
+            self._eject(i, type(exc).__name__)
+            raise oai.ApiError(502, f"replica {rid} closed the response: {type(exc).__name__}",
+                               "upstream_error", "engine_error") from None
+        if status == 200:
+            self._record(i, data)
+        return web.Response(status=status, body=data, headers={"content-type": ctype, **headers})
 
     @staticmethod
     async def _stream_error(resp: web.StreamResponse, message: str, type_: str, code: int) -> None:
@@ -396,14 +463,15 @@ class FrontDoor:
             self.usage.record(i, *found)
 
     def _usage_events(self, i: int, ready: bytes, strip: bool) -> tuple[bytes, bool]:
-        """Record the usage of the SSE events in `ready`; drop the usage-only chunk if `strip`."""
+        """Record the usage of the SSE events in `ready` (whole events, any of the spec's
+        framings); drop the usage-only chunk if `strip`. Separators are kept as they came."""
+        parts = _EVENT_END.split(ready)          # event, separator, event, separator, ..., ""
         out, found = [], False
-        for event in ready.split(b"\n\n"):
-            if not event:
-                continue
-            if (b'"usage":{' in event or b'"usage": {' in event) and event.startswith(b"data: {"):
+        for event, sep in zip(parts[::2], parts[1::2] + [b""]):
+            line = event.lstrip(b"\r\n")
+            if (b'"usage":{' in line or b'"usage": {' in line) and line.startswith(b"data: {"):
                 try:
-                    doc = orjson.loads(event[6:])
+                    doc = orjson.loads(line[6:])
                 except orjson.JSONDecodeError:
                     doc = None
                 figures = oai.usage_of(doc)
@@ -412,8 +480,8 @@ class FrontDoor:
                     found = True
                     if strip and doc.get("choices") == []:
                         continue
-            out.append(event)
-        return b"".join(e + b"\n\n" for e in out), found
+            out += (event, sep)
+        return b"".join(out), found
 
     # ------------------------------------------------------------ the gRPC engine
 
@@ -421,7 +489,7 @@ class FrontDoor:
                         headers: dict, served: tuple) -> web.StreamResponse:
         rid = self.router.ids[i]
         message = engine_pb2.GenerateRequest(prompt=req.text, max_tokens=req.max_tokens or DEFAULT_MAX_TOKENS, key=key)
-        call = backend.engine.Generate(message, timeout=self.config.upstream_timeout)
+        call = backend.generate(message, self.config.upstream_timeout)
         render = oai.Renderer(req.endpoint, req.model or "", f"{rid}-{id(call):x}", int(time.time()))
         resp: web.StreamResponse | None = None
         texts: list[str] = []
@@ -442,27 +510,26 @@ class FrontDoor:
                                                        **headers})
                     await resp.prepare(request)
                 await resp.write(render.chunk(chunk.text, chunk.finish_reason or None if chunk.finished else None))
-        except grpc.aio.AioRpcError as err:
-            code = err.code()
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                error = oai.ApiError(400, err.details() or "invalid request")
-            elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                error = oai.ApiError(429, f"replica {rid}: {err.details()}", "rate_limit_error", "too_many_requests")
-            elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        except EngineError as failure:
+            if failure.kind == "invalid":
+                error = oai.ApiError(400, failure.detail or "invalid request")
+            elif failure.kind == "full":
+                error = oai.ApiError(429, f"replica {rid}: {failure.detail}", "rate_limit_error", "too_many_requests")
+            elif failure.kind == "timeout":
                 self._eject(i, "timed out")
                 error = oai.ApiError(504, f"replica {rid} timed out", "timeout", "engine_timeout")
             else:
-                self._eject(i, code.name, at_once=code == grpc.StatusCode.UNAVAILABLE)
-                if code == grpc.StatusCode.UNAVAILABLE and resp is None and not texts:
-                    raise _Retry(code.name) from None
-                error = oai.ApiError(502, f"replica {rid} failed: {code.name}", "upstream_error", "engine_error")
+                self._eject(i, failure.code, at_once=failure.kind == "unavailable")
+                if failure.kind == "unavailable" and resp is None and not texts:
+                    raise _Retry(failure.code) from None
+                error = oai.ApiError(502, f"replica {rid} failed: {failure.code}", "upstream_error", "engine_error")
             if resp is None:
                 raise error from None
             await self._stream_error(resp, str(error), error.type, error.status)
             return resp
         finally:
-            call.cancel()
-        self._answered(i)
+            await call.aclose()
+        self.monitor.answered(i)
         figures = oai.usage(prompt, emitted, cached)
         if not req.stream:
             return web.Response(body=render.full("".join(texts), "length", figures),
@@ -496,6 +563,7 @@ class HttpApi:
         self.config = config
         self.usage = CacheUsage(router.ids)
         monitor.on_stats = lambda i, s: self.usage.counters(i, s.requests, s.prompt_tokens, s.cached_tokens)
+        monitor.ejection = Ejection(config.eject_after, config.max_ejected_fraction, config.eject_seconds)
         self.front = FrontDoor(router, monitor, monitor.backends, keyring, config, self.usage, registry)
         any_http = any(b.http for b in monitor.backends)
         self.sender = (CacheStatsSender(self.usage, collector, source, tls=tls, token=token)

@@ -37,6 +37,12 @@ def salt_digest(salt: str) -> str:
     return hashlib.blake2b(salt.encode("utf-8"), digest_size=8).hexdigest()
 
 
+def tenant_cache_salt(tenant: str, salt: str | None = None) -> str:
+    """The `cache_salt` sent to a vLLM replica under --tenant-cache-salt: one per tenant (and
+    per client salt within it), so a tenant's cached prefixes never serve another tenant."""
+    return "t" + salt_digest(f"{tenant}\0{salt or ''}")
+
+
 def scoped_key(base: str, tenant: str = "", salt: str | None = None) -> str:
     """`base` with the tenant and cache salt folded in; ValueError if the result is no valid key."""
     key = base

@@ -13,6 +13,21 @@ A proxied stream that fails marks its replica down immediately too (`mark_down`)
 with a hold: the HTTP API ejects a replica that answered 5xx or timed out for `hold` seconds
 even while its /health keeps saying OK.
 
+Passive ejection (outlier detection, after Envoy's) lives here too: `failed(i, why)` counts
+one engine failure of replica i, `answered(i)` resets its count. On the `after`-th failure
+in a row the replica is held out for `hold` seconds, unless `max_fraction` of the replicas
+(at least one) are held out already; `at_once` (a refused connection: the engine is gone)
+ejects without the count or the cap. Only engine failures may be reported: a client that
+went away is not the engine's fault (issue 20).
+
+Panic mode (after Envoy's panic threshold): health checks alone must not empty the rotation.
+When no replica is both passing its polls and not ejected, and every replica not ejected
+failed only softly (its poll timed out, or it answered "not healthy": a non-2xx /health,
+NOT_SERVING), the monitor puts all of those back into rotation and routes over them rather
+than answering 503 for everything (issue 20: a hanging /health emptied a cluster whose
+completions still worked). A replica that refuses connections or errors is down for real
+and ends panic mode for itself; panic mode ends as soon as one replica passes a poll.
+
 Load of an HTTP engine without load gauges (kind `openai`, or a /metrics page without the
 kind's names) is the dispatcher's own count of requests it has open there.
 """
@@ -22,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from services.backends import Backend, BackendDown, EngineStats, make_backend
@@ -29,6 +45,13 @@ from services.dispatcher.router import Router
 from services.rpc import TLSFiles, every, kv, stop_tasks
 
 log = logging.getLogger("cacheroute.dispatcher.monitor")
+
+
+@dataclass(frozen=True)
+class Ejection:
+    after: int = 3                # consecutive failures before a replica is ejected
+    max_fraction: float = 0.5     # cap on the share of replicas held out by passive ejection
+    hold: float = 5.0             # seconds an ejected replica stays out even if /health says OK
 
 
 class ReplicaMonitor:
@@ -43,6 +66,10 @@ class ReplicaMonitor:
         self.on_stats = on_stats
         self._timeouts = [0] * len(router.replicas)
         self._held_until = [0.0] * len(router.replicas)
+        self._failures = [0] * len(router.replicas)   # consecutive engine failures (passive ejection)
+        self.ejection = Ejection()
+        self._polled = [""] * len(router.replicas)    # last poll: "ok", "soft" (timeout / not healthy), "hard"
+        self.panic = False
         self.backends: list[Backend] = list(backends) if backends is not None else [
             make_backend(r.id, r.address, default_kind, tls=tls) for r in router.replicas]
         self.engines: list = []           # gRPC Engine stubs by replica index (None: an HTTP engine)
@@ -82,7 +109,9 @@ class ReplicaMonitor:
                 self._timeouts[i] += 1
                 if self._timeouts[i] < self.timeouts_to_down:
                     return  # one slow poll: keep the replica's last state
-            self._set(i, False, str(down))
+            self._polled[i] = "soft" if down.timeout or down.answered else "hard"
+            if not self._settle_panic():
+                self._set(i, False, str(down))
             return
         self._timeouts[i] = 0
         if stats.has_load:
@@ -93,16 +122,54 @@ class ReplicaMonitor:
             router.state.in_flight[i] = router.outstanding[i]
         if stats.has_counters and self.on_stats is not None:
             self.on_stats(i, stats)
+        self._polled[i] = "ok"
         if time.monotonic() < self._held_until[i]:
             return
         self._set(i, True, "OK")
+        self._settle_panic()
+
+    def _settle_panic(self) -> bool:
+        """Enter or leave panic mode (module header) after a poll result; True while in it."""
+        now = time.monotonic()
+        free = [j for j, until in enumerate(self._held_until) if until <= now]
+        panic = bool(free) and all(self._polled[j] == "soft" for j in free)
+        if panic:
+            for j in free:
+                self._set(j, True, "panic: health checks would empty the rotation")
+        elif self.panic:
+            for j in free:
+                if self._polled[j] != "ok":
+                    self._set(j, False, "panic over")
+        if panic != self.panic:
+            self.panic = panic
+            log.log(logging.WARNING if panic else logging.INFO, "panic mode %s", "on" if panic else "off",
+                    extra=kv(replicas=len(free)))
+        return panic
 
     def ejected(self) -> int:
         """Replicas held out of rotation by `mark_down(..., hold)` right now."""
         now = time.monotonic()
         return sum(1 for until in self._held_until if until > now)
 
+    def failed(self, i: int, why: str, *, at_once: bool = False) -> bool:
+        """One engine failure of replica `i` (module header); True if it was ejected now."""
+        rule = self.ejection
+        self._failures[i] += 1
+        if not at_once:
+            if self._failures[i] < rule.after:
+                return False
+            if self.ejected() >= max(1, int(len(self._failures) * rule.max_fraction)):
+                return False
+        self._failures[i] = 0
+        self.mark_down(i, why if at_once else f"{why} ({rule.after} failures in a row)", hold=rule.hold)
+        return True
+
+    def answered(self, i: int) -> None:
+        """Replica `i` answered (below 500): its run of failures ends."""
+        self._failures[i] = 0
+
     def mark_down(self, i: int, why: str, hold: float = 0.0) -> None:
+        self._polled[i] = "hard" if not hold else self._polled[i]
         if hold > 0:
             self._held_until[i] = max(self._held_until[i], time.monotonic() + hold)
         self._set(i, False, why)

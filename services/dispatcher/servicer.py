@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterable, Sequence
 
-import grpc
-
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2
+from services.auth import bearer_of_metadata
+from services.backends.base import EngineError
 from services.core import routing
 from services.core.policy import NoHealthyReplica
 from services.core.request import BLOCK_TOKENS
@@ -20,7 +20,7 @@ from services.model import MAX_KEY_BYTES
 
 MODE = {False: common_pb2.MODE_PLANNED, True: common_pb2.MODE_FLAT}
 # engine answers before the first chunk after which Generate tries one other replica
-_REPLACEABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+_REPLACEABLE = frozenset({"unavailable", "full"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +127,6 @@ def peer_host(context) -> str:
     return host if sep and port.isdigit() and not peer.startswith("unix:") else peer
 
 
-def _bearer(context) -> str | None:
-    for key, value in (context.invocation_metadata() or ()) if context is not None else ():
-        if key == "authorization":
-            text = value.decode() if isinstance(value, bytes) else value
-            return text[7:].strip() if text[:7].lower() == "bearer " else ""
-    return None
-
-
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
     def __init__(self, router: Router, monitor: ReplicaMonitor, rules: KeyRules, dispatcher_id: str, *,
                  budget: CallerBudget | None = None, keyring=None) -> None:
@@ -155,7 +147,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         refused calls without an accepted key."""
         if self.keyring is not None and self.keyring.enabled:
             try:
-                tenant = self.keyring.tenant_of(_bearer(context))
+                tenant = self.keyring.tenant_of(
+                    bearer_of_metadata(context.invocation_metadata() if context is not None else ()))
             except Exception:  # noqa: BLE001 - refused upstream; treat as the peer
                 return peer_host(context)
             return "tenant:" + tenant if tenant else None
@@ -227,11 +220,11 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
                 raise error from None     # nobody else to try: the first replica's answer
             i = pick.replica
             decision = self._decision(pick, key)
-            engine = self.monitor.engines[i]
-            if engine is None:
+            backend = self.monitor.backends[i]
+            if backend.http:
                 raise FailedPrecondition(f"replica {self._ids[i]} is an HTTP engine: send this request to the "
                                          "dispatcher's OpenAI HTTP API")
-            call = engine.Generate(request, timeout=timeout)
+            call = backend.generate(request, timeout)
             self.router.stream_opened(i)
             self.router.prefill_started(i, prompt_tokens)
             first = True
@@ -245,26 +238,25 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
                         self.router.record_arrival(key, now, prompt_tokens, prefix_tokens, blocks)
                     yield chunk
                 return
-            except grpc.aio.AioRpcError as err:
-                error = self._engine_error(i, err)
-                if not (first and attempt == 0 and err.code() in _REPLACEABLE):
+            except EngineError as failure:
+                error = self._engine_error(i, failure)
+                if not (first and attempt == 0 and failure.kind in _REPLACEABLE):
                     raise error from None
                 avoid = i
             finally:
                 if first:
                     self.router.prefill_done(i, prompt_tokens)
-                call.cancel()
+                await call.aclose()
                 self.router.stream_closed(i)
 
-    def _engine_error(self, i: int, err: grpc.aio.AioRpcError) -> Exception:
-        code, detail = err.code(), err.details()
-        if code == grpc.StatusCode.INVALID_ARGUMENT:
-            return InvalidArgument(detail)
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return ResourceExhausted(f"replica {self._ids[i]}: {detail}")
-        if code == grpc.StatusCode.UNAVAILABLE:
+    def _engine_error(self, i: int, failure: EngineError) -> Exception:
+        if failure.kind == "invalid":
+            return InvalidArgument(failure.detail)
+        if failure.kind == "full":
+            return ResourceExhausted(f"replica {self._ids[i]}: {failure.detail}")
+        if failure.kind == "unavailable":
             self.monitor.mark_down(i, "stream failed")
-        return Unavailable(f"replica {self._ids[i]} failed: {code.name}: {detail}")
+        return Unavailable(f"replica {self._ids[i]} failed: {failure.code}: {failure.detail}")
 
     async def GetStatus(self, request, context) -> dispatcher_pb2.DispatcherStatus:
         return status_message(self.router, self.dispatcher_id)

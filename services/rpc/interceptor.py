@@ -8,24 +8,16 @@ import asyncio
 import hmac
 import logging
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import grpc
 
-from services.auth import AuthError
+from services.auth import AuthError, bearer_of_metadata as _bearer
 from services.errors import InvalidArgument, status_for
 from services.rpc.logs import kv
 from services.rpc.metrics import RpcMetrics
 
 log = logging.getLogger("cacheroute.rpc")
-
-
-def _bearer(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
-    for key, value in metadata or ():
-        if key == "authorization":
-            text = value.decode() if isinstance(value, bytes) else value
-            return text[7:].strip() if text.lower().startswith("bearer ") else ""
-    return None
 
 
 audit_log = logging.getLogger("cacheroute.audit")

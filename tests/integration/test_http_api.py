@@ -209,3 +209,31 @@ def test_cache_telemetry_of_http_engines_reaches_the_collector(redis_url):
             await collector.stop(0)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("extra,named", [({"n": 2}, "n"), ({"tools": [{"type": "function", "function": {"name": "f"}}]},
+                                                           "tools"),
+                                         ({"response_format": {"type": "json_object"}}, "response_format")])
+def test_fields_the_grpc_engine_cannot_honour_are_400_naming_them(redis_url, extra, named):
+    """Issue 20: on the gRPC engine kind n=2, tools and response_format were silently dropped."""
+    async def main():
+        fleet = await EngineFleet(1, time_scale=0.02, http=True).start()
+        service, store = await start(redis_url, fleet, "cacheroute")
+        try:
+            async with aiohttp.ClientSession() as session:
+                body = {"model": "m", "messages": messages("acme", "hi"), "max_tokens": 2, **extra}
+                async with session.post(service.http_url + "/v1/chat/completions", json=body,
+                                        headers={"Authorization": "Bearer sk-acme"}) as resp:
+                    doc = await resp.json()
+                    assert resp.status == 400, doc
+                assert doc["error"]["param"] == named and named in doc["error"]["message"]
+                body = {"model": "m", "messages": messages("acme", "hi"), "max_tokens": 2, "n": 1}
+                async with session.post(service.http_url + "/v1/chat/completions", json=body,
+                                        headers={"Authorization": "Bearer sk-acme"}) as resp:
+                    assert resp.status == 200
+        finally:
+            await service.stop()
+            await store.close()
+            await fleet.stop()
+
+    asyncio.run(main())

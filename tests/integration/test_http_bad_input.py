@@ -207,5 +207,58 @@ def test_an_oversized_routing_key_header_is_400(stack):
     assert error["param"] == "x-cacheroute-key"
 
 
+@pytest.mark.parametrize("raw", [b"k\xff\xfe", b"\xc3\x28key", b"ok\x80"])
+def test_invalid_utf8_in_the_routing_key_header_is_400(stack, raw):
+    """Issue 20: invalid UTF-8 in x-cacheroute-key was a 500 and a traceback."""
+    error = expect_error(stack, 400, "POST", "/v1/chat/completions", json.dumps(GOOD).encode(),
+                         headers={"x-cacheroute-key": raw})
+    assert error["param"] == "x-cacheroute-key"
+
+
 def test_still_serving_after_everything(stack):
     test_a_good_request_is_served(stack)
+
+
+PROTOCOL_ERRORS = [
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Bad\x01: y\r\nContent-Length: 2\r\n\r\n{}",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n  b\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+]
+
+
+def test_protocol_errors_are_openai_shaped_400s_and_one_log_line(caplog):
+    """Issue 20: protocol errors answered text/plain and each logged a traceback."""
+    import asyncio
+    import logging
+
+    from aiohttp import web
+
+    from services.httpserver import start_http
+
+    async def main():
+        running = await start_http(web.Application(), "127.0.0.1", 0)
+        try:
+            answers = []
+            for raw in PROTOCOL_ERRORS * 10:
+                reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+                writer.write(raw)
+                await writer.drain()
+                answers.append(await asyncio.wait_for(reader.read(), 5))
+                writer.close()
+            return answers
+        finally:
+            await running.stop()
+
+    with caplog.at_level(logging.DEBUG):
+        answers = asyncio.run(main())
+    for raw, answer in zip(PROTOCOL_ERRORS * 10, answers):
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split(b" ")[1].startswith(b"4"), (raw[:60], head[:80])
+        assert b"application/json" in head.lower(), head
+        error = json.loads(body)["error"]
+        assert error["message"] and "\n" not in error["message"] and error["code"] == "bad_http_request"
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert all(r.exc_info is None for r in records), "a protocol error logged a traceback"
+    assert 1 <= len(records) <= 3, [r.getMessage() for r in records]

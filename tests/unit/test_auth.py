@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.auth import AuthError, KeyRing, bearer, default_tenant, keyring, parse_key_lines
+from services.auth import AuthError, KeyRing, bearer, bearer_of_metadata, default_tenant, keyring, parse_key_lines
 
 
 def test_an_empty_ring_accepts_everyone_with_the_empty_tenant():
@@ -47,3 +47,10 @@ def test_malformed_key_files_are_one_line_errors(text):
                                              ("Basic abc", ""), ("abc", "")])
 def test_bearer_values(header, expected):
     assert bearer(header) == expected
+
+
+@pytest.mark.parametrize("metadata,expected", [((), None), ((("authorization", "Bearer t"),), "t"),
+                                               ((("x", "y"), ("authorization", b"bearer t2")), "t2"),
+                                               ((("authorization", "Basic t"),), "")])
+def test_bearer_of_grpc_metadata_is_the_same_parser(metadata, expected):
+    assert bearer_of_metadata(metadata) == expected

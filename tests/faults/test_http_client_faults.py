@@ -1,0 +1,117 @@
+"""Hostile clients in front of the dispatcher's OpenAI HTTP API (issue 20).
+
+Four healthy fake engines (tests.faults.fake_engine) stream large SSE responses; clients
+that read a little and then reset their connection (SO_LINGER 0) must never count against
+an engine: no replica is ejected and no engine failure is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from services.dispatcher.http import HttpConfig
+from services.dispatcher.service import DispatcherConfig, serve
+from services.model import parse_replicas
+from services.rpc import ServerConfig
+from tests.faults.fake_engine import FakeEngine
+from tests.integration.test_dispatcher import wait_until
+
+
+async def _reset_mid_stream(host: str, port: int, n: int) -> int:
+    """One client: a streamed request, a few bytes read, then a TCP reset. Bytes read."""
+    body = orjson.dumps({"model": "m", "stream": True, "max_tokens": 50,
+                         "messages": [{"role": "user", "content": f"client {n} " * 20}]})
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"x-cacheroute-key: k%d\r\nContent-Length: %d\r\n\r\n" % (n, len(body)) + body)
+    await writer.drain()
+    got = b""
+    while len(got) < 20_000 * (1 + n % 7):      # read at full speed, then reset in the middle of it
+        more = await reader.read(65536)
+        if not more:
+            break
+        got += more
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+    return len(got)
+
+
+def test_clients_resetting_mid_stream_eject_no_replica():
+    async def main():
+        engines = [await FakeEngine("stream", events=2000, chunk_bytes=2048).start() for _ in range(4)]
+        replicas = ",".join(f"e{i}=vllm+{e.url}" for i, e in enumerate(engines))
+        config = DispatcherConfig(server=ServerConfig(name="dispatcher", port=0), replicas=parse_replicas(replicas),
+                                  poll_interval=0.1, poll_timeout=0.5, seed=2, http=HttpConfig(port=0))
+        service = await serve(config)
+        try:
+            await wait_until(lambda: all(service.router.state.healthy), timeout=5)
+            host, port = service.http_url.rsplit("//", 1)[1].rsplit(":", 1)
+            for wave in range(3):
+                got = await asyncio.gather(*(_reset_mid_stream(host, int(port), wave * 100 + n) for n in range(30)))
+                assert all(got), "every client saw the start of its stream"
+            await asyncio.sleep(0.5)
+            assert sum(e.served for e in engines) >= 90
+            assert all(service.router.state.healthy), "a client's reset ejected a healthy replica"
+            errors = [s for m in service.http.front._upstream.collect() for s in m.samples
+                      if s.name.endswith("_total") and s.value]
+            assert errors == [], "a client's reset was counted as an engine failure"
+        finally:
+            await service.stop()
+            for engine in engines:
+                await engine.stop()
+
+    asyncio.run(main())
+
+
+def test_a_write_to_a_closing_client_is_not_an_engine_failure(monkeypatch):
+    """Deterministic form of the race above: the dispatcher's write to its client raises what
+    aiohttp raises on a closing transport (ClientConnectionResetError). Before the fix each
+    such stream counted as an engine failure, and three in a row ejected a healthy replica."""
+    real_write = web.StreamResponse.write
+    written: dict[int, int] = {}
+
+    async def write(self, data):
+        if "x-cacheroute-replica" in self.headers:      # the dispatcher's side only
+            written[id(self)] = written.get(id(self), 0) + len(data)
+            if written[id(self)] > 10_000:
+                raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+        return await real_write(self, data)
+
+    monkeypatch.setattr(web.StreamResponse, "write", write)
+
+    async def main():
+        engines = [await FakeEngine("stream", events=200, chunk_bytes=1024).start() for _ in range(2)]
+        replicas = ",".join(f"e{i}=vllm+{e.url}" for i, e in enumerate(engines))
+        config = DispatcherConfig(server=ServerConfig(name="dispatcher", port=0), replicas=parse_replicas(replicas),
+                                  poll_interval=0.1, poll_timeout=0.5, seed=2, http=HttpConfig(port=0))
+        service = await serve(config)
+        try:
+            await wait_until(lambda: all(service.router.state.healthy), timeout=5)
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+            async with aiohttp.ClientSession() as session:
+                for n in range(8):
+                    async with session.post(service.http_url + "/v1/chat/completions", json=body,
+                                            headers={"x-cacheroute-key": "same"}) as resp:
+                        assert resp.status == 200
+                        try:
+                            await resp.read()
+                        except aiohttp.ClientPayloadError:
+                            pass      # the stream was cut: what a client that went away would not see anyway
+            assert all(service.router.state.healthy), "client write errors ejected a healthy replica"
+            errors = [s for m in service.http.front._upstream.collect() for s in m.samples
+                      if s.name.endswith("_total") and s.value]
+            assert errors == []
+            assert len(written) == 8
+        finally:
+            await service.stop()
+            for engine in engines:
+                await engine.stop()
+
+    asyncio.run(main())
