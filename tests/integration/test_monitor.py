@@ -1,5 +1,7 @@
 """The dispatcher's replica monitor against a real gRPC replica whose polls can be slowed:
-one slow poll keeps the replica in service, repeated ones take it out, a refusal at once."""
+one slow poll keeps the replica in service, repeated ones take it out, a refusal at once. A second,
+healthy replica stays in rotation throughout, so the monitor's panic mode (health checks alone
+must not empty the rotation) does not apply."""
 
 from __future__ import annotations
 
@@ -36,7 +38,12 @@ async def scenario() -> list[bool]:
     engine_pb2_grpc.add_EngineServicer_to_server(Stats(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    router = Router([Replica("r0", f"127.0.0.1:{port}")])
+    other = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(SlowHealth(), other)
+    engine_pb2_grpc.add_EngineServicer_to_server(Stats(), other)
+    other_port = other.add_insecure_port("127.0.0.1:0")
+    await other.start()
+    router = Router([Replica("r0", f"127.0.0.1:{port}"), Replica("r1", f"127.0.0.1:{other_port}")])
     monitor = ReplicaMonitor(router, interval=10.0, timeout=0.1)
     monitor.open()
     seen = []
@@ -57,6 +64,7 @@ async def scenario() -> list[bool]:
     finally:
         await monitor.stop()
         await server.stop(0)
+        await other.stop(0)
     return seen
 
 
