@@ -110,7 +110,7 @@ def _spec(args: argparse.Namespace, policy: str, qps: float | None = None) -> Ru
             if value is not None and not (value > 0 and value != float("inf")):
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive number of seconds")
         if args.kv_blocks is not None and args.kv_blocks < 1:
-            raise ValueError("--kv-blocks must be a positive number of blocks")
+            raise ValueError("--kv-blocks must be positive (blocks of 16 tokens per replica)")
         check_names(policy, args.profile)
         if args.workload is not None:
             from services.core.workloads import WORKLOADS

@@ -50,6 +50,12 @@ Variants:
   drift      paper whose per-key rates follow a log-normal random walk, sigma = 0.3 per
              `interval` seconds (default 60; paper: six intervals), renormalised to the
              offered qps each interval so load stays matched. `epochs` holds the rates.
+  flagship   one prefix shared by every key (`shared_tokens`) + the key's own context
+             (log-normal, median `context_median`, sigma 0.5) + the `paper` suffix; every key of
+             the population sends traffic (default), or with `active_set=K` the top-K keys, their
+             rates renormalised (the context lengths are drawn for the whole population first, so
+             a key's prefix does not depend on K). Defaults: issue 13's full-population calibration;
+             experiments/run.py's `flagship` passes the knobs calibrated on both anchors.
 
 Block hashes: block i of key b's prefix hashes (workload, key, i) with splitmix64, so
 equal hashes mean equal prefixes, as chained engine hashes do. Requests of one key
