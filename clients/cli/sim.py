@@ -72,6 +72,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-history", type=float,
                    help="planned policies: seconds of aggregated per-key rate history known at t = 0 "
                         "(an independent draw of the workload; paper and flagship only)")
+    p.add_argument("--lifecycle", choices=("churn", "scratch"), default="churn",
+                   help="planned policies' re-plan every interval: churn (default: the planner's churn-aware "
+                        "re-plan, keys keep their replicas unless moving pays) or scratch (a fresh LPT plan, "
+                        "the paper's)")
     p.add_argument("--arrivals", metavar="CSV",
                    help="synthetic workloads: replay this Azure trace's arrival times, looped and time-scaled "
                         "to the offered QPS, instead of drawing them")
@@ -101,7 +105,7 @@ def _spec(args: argparse.Namespace, policy: str, qps: float | None = None) -> Ru
                    q_cap=args.q_cap, warm_slots=args.warm_slots, warmup=args.warmup,
                    control_interval=args.control_interval, first_plan_at=args.first_plan_at,
                    rate_horizon=args.rate_horizon, rate_history=args.rate_history, arrival_trace=args.arrivals,
-                   kv_blocks=args.kv_blocks)
+                   lifecycle=args.lifecycle, kv_blocks=args.kv_blocks)
     try:
         if args.arrivals is not None and (args.trace is not None or not os.path.isfile(args.arrivals)):
             raise ValueError("--arrivals wants a readable Azure .csv and a --workload")

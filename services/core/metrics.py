@@ -126,3 +126,52 @@ def slo_capacity(points: Iterable[tuple[float, float]], slo: float) -> Capacity:
     if knee == len(pts) - 1:
         return Capacity(pts[-1][0], "right", True)
     return Capacity(pts[knee][0], "none", not any(passes[knee + 1:]))
+
+
+MISS_KINDS = ("first_sight", "first_on_replica", "evicted", "spilled")
+
+
+def miss_accounting(keys: Sequence[str], replica: Sequence[int], spilled: Sequence[bool],
+                    cached: Sequence[int], bound: Sequence[int], prompt: Sequence[int],
+                    measured: Sequence[bool]) -> dict[str, float]:
+    """Where a served hit rate falls short of the infinite-cache bound, in points of hit rate.
+
+    Per request, in routing (arrival) order: the gap is max(0, bound - cached) tokens, `bound`
+    being what one infinite cache that saw every earlier request would hit
+    (services.core.traces.ideal_hits). Each request's gap goes to exactly one kind:
+      first_sight       the key's first request anywhere (nothing to route it towards)
+      spilled           the router sent it off its home (`spilled`: a FALLBACK pick)
+      first_on_replica  the key had not been routed to this replica before
+      evicted           the key had used this replica before: its prefix was evicted meanwhile
+    Every request updates the key's history (warm-up included); only `measured` ones (served, in
+    the measured window) count. Returned: each kind's gap and the bound and achieved hit rates,
+    all as shares of the measured prompt tokens, so bound - hit = the sum of the four kinds
+    (a request hitting more than its bound, which the engine's cap rules out, counts 0)."""
+    seen: dict[str, set[int]] = {}
+    gap = dict.fromkeys(MISS_KINDS, 0)
+    total = hit = best = 0
+    for key, r, spill, c, b, p, m in zip(keys, replica, spilled, cached, bound, prompt, measured):
+        used = seen.get(key)
+        if m:
+            total += p
+            hit += c
+            best += b
+            miss = b - c
+            if miss > 0:
+                if used is None:
+                    gap["first_sight"] += miss
+                elif spill:
+                    gap["spilled"] += miss
+                elif r not in used:
+                    gap["first_on_replica"] += miss
+                else:
+                    gap["evicted"] += miss
+        if r >= 0:
+            if used is None:
+                seen[key] = {r}
+            else:
+                used.add(r)
+    out = {kind: (v / total if total else 0.0) for kind, v in gap.items()}
+    out["bound"] = best / total if total else 0.0
+    out["hit_rate"] = hit / total if total else 0.0
+    return out

@@ -30,7 +30,27 @@ def table(results: dict[str, dict]) -> str:
         hits = [_fmt(by_q[q]["hit_rate"] * 100, 1) + "%" if q in by_q else "-" for q in grid]
         p99s = [_fmt(by_q[q]["ttft_p99"]) if q in by_q else "-" for q in grid]
         lines.append("| " + " | ".join([policy, cap] + hits + p99s) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + misses_table(results)
+
+
+def misses_table(results: dict[str, dict]) -> str:
+    """Where each policy's hit rate falls short of the infinite-cache bound, per grid QPS, in
+    points (services.core.metrics.miss_accounting): first sight / first-on-replica / evicted /
+    spilled. Empty when no point carries the accounting."""
+    rows = []
+    for policy, r in results.items():
+        for p in sorted(r["points"], key=lambda p: p["offered_qps"]):
+            m = p.get("misses")
+            if m:
+                rows.append(f"| {policy} | {p['offered_qps']:g} | {m['bound'] * 100:.1f}% | {m['hit_rate'] * 100:.1f}% | "
+                            + " | ".join(f"{m[k] * 100:.2f}" for k in ("first_sight", "first_on_replica",
+                                                                      "evicted", "spilled")) + " |")
+    if not rows:
+        return ""
+    head = ("\nMisses against the infinite-cache bound (points of hit rate):\n\n"
+            "| policy | QPS | bound | hit | first sight | first on replica | evicted | spilled |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    return head + "\n".join(rows) + "\n"
 
 
 def write(results: dict[str, dict], out: str) -> list[str]:

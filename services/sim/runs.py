@@ -11,7 +11,12 @@ from typing import Any, Callable, Iterable, Sequence
 from services.core.engine import PROFILES, get_profile
 from services.core.metrics import slo_capacity
 from services.core.request import Request
-from services.sim.simulator import PLANNED, SimConfig, Simulator
+from services.sim.simulator import PLANNED, SimConfig, Simulator, scratch_plan_fn
+
+# planned policies' re-plan every interval: "churn" is the simulator's default (the planner's
+# churn-aware lifecycle; prefix-aware plans keep their own sticky builder), "scratch" the paper's
+# fresh LPT plan (services.sim.simulator.scratch_plan_fn)
+LIFECYCLES = {"churn": None, "scratch": scratch_plan_fn}
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class RunSpec:
     rate_horizon: float | None = None       # EWMA horizon of planned rates (SimConfig.rate_horizon)
     rate_history: float | None = None       # seconds of aggregated history known before t = 0
     arrival_trace: str | None = None        # synthetic workloads: replay this Azure CSV's arrival times
+    lifecycle: str = "churn"                # planned policies' re-plan: "churn" (the planner's) or "scratch" (fresh LPT)
     kv_blocks: int | None = None            # KV blocks per replica; None: the profile's
 
 
@@ -90,13 +96,16 @@ def config_for(spec: RunSpec) -> SimConfig:
     horizon = spec.rate_horizon
     if spec.rate_history and horizon is None:
         horizon = spec.rate_history       # a history without a horizon: weigh it as its own length
+    if spec.lifecycle not in LIFECYCLES:
+        raise ValueError(f"unknown lifecycle {spec.lifecycle!r}; valid: {', '.join(LIFECYCLES)}")
     if spec.kv_blocks is not None and spec.kv_blocks < 1:
         raise ValueError(f"kv_blocks must be a positive number of blocks, got {spec.kv_blocks}")
     return SimConfig(get_profile(spec.profile), spec.replicas, kv_blocks=spec.kv_blocks, q_cap=spec.q_cap,
                      warm_slots=spec.warm_slots,
                      warmup=spec.warmup, end=spec.duration if spec.trace is None else None,
                      control_interval=spec.control_interval, first_plan_at=spec.first_plan_at,
-                     rate_horizon=horizon, rate_prior=prior, rate_prior_seconds=prior_seconds)
+                     rate_horizon=horizon, rate_prior=prior, rate_prior_seconds=prior_seconds,
+                     plan_fn=LIFECYCLES[spec.lifecycle])
 
 
 def run_spec(spec: RunSpec, requests: Sequence[Request] | None = None) -> dict:

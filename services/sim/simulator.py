@@ -26,7 +26,8 @@ Router view (ClusterState)
 
 Planned policies (PLANNED) are re-planned every `control_interval` virtual seconds from
 arrival counts per key over the last `rate_window` seconds measured inside the run (no
-oracle rates), through `plan_fn` (default: a fresh services.core.planning.build_plan).
+oracle rates), through `plan_fn` (default: the planner's churn-aware re-plan, `default_plan_fn`;
+`scratch_plan_fn` is the paper's fresh LPT plan every interval).
 Rate history (`rate_horizon`): instead of the last window alone, per-key rates are an
 exponentially weighted average over that horizon (services.core.rates.RateHistory, folded
 once per re-plan with the window's counts). `rate_prior` seeds it with rates known before
@@ -55,10 +56,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from services.core.engine import EngineModel, EngineProfile, StepResult, steps_until
-from services.core.metrics import RunMetrics, summarize
+from services.core.metrics import RunMetrics, miss_accounting, summarize
 from services.core.plan import Plan
-from services.core.policy import ClusterState, NoHealthyReplica, Policy
+from services.core.policy import ClusterState, NoHealthyReplica, Policy, Reason
 from services.core.request import Request
+from services.core.traces import ideal_hits
 
 PLANNED = frozenset({"cacheroute", "cacheroute-prefix", "affinity", "affinity-replication"})
 
@@ -94,6 +96,7 @@ class SimConfig:
     fast_forward: bool = True             # collapse decode-only stretches (off: one event per step)
     failures: tuple[Failure, ...] = ()
     plan_fn: PlanFn | None = None
+    miss_accounting: bool = True          # split the gap to the infinite-cache bound (SimResult.extra["misses"])
 
     def warmup_for(self, end: float) -> float:
         if self.warmup is not None:
@@ -206,6 +209,7 @@ class Simulator:
         self._ttft = [math.nan] * n
         self._cached = [0] * n
         self._failed = [False] * n
+        self._spilled = [False] * n              # a FALLBACK pick: sent off the key's home
         self._counts: Counter[str] = Counter()
         self._counted_since = 0.0
         self._prefix: dict[str, int] = {k: p for k, _, p in config.rate_prior}
@@ -291,7 +295,7 @@ class Simulator:
         if self._nodes is not None:
             self._observe_nodes(q)
         try:
-            r = self.policy.pick(q, self.state).replica
+            r, reason = self.policy.pick(q, self.state)
         except NoHealthyReplica:
             self._failed[i] = True
             return
@@ -302,6 +306,7 @@ class Simulator:
             self._failed[i] = True   # larger than the replica's whole KV pool
             return
         self._replica[i] = r
+        self._spilled[i] = reason == Reason.FALLBACK
         self._arrival_at[i] = t
         self.state.in_flight[r] += 1
         if not self._busy[r]:
@@ -459,6 +464,11 @@ class Simulator:
         failed = np.asarray(self._failed, dtype=bool)
         metrics = summarize(arrival, replica, ttft, cached, prompt, failed, replicas=cfg.replicas,
                             warmup=warmup, end=end)
+        extra = {"calibration_seconds": calibration}
+        if cfg.miss_accounting:
+            measured = (arrival >= warmup) & (arrival < end) & ~np.isnan(ttft)
+            extra["misses"] = miss_accounting([q.key for q in reqs], self._replica, self._spilled, self._cached,
+                                              ideal_hits(reqs), prompt, measured)
         return SimResult(
             policy=getattr(self.policy, "name", type(self.policy).__name__),
             metrics=metrics, replicas=cfg.replicas, profile=cfg.profile.name, warmup=warmup, end=end,
@@ -466,14 +476,33 @@ class Simulator:
             preemptions=self._lost_preemptions + sum(e.preemptions for e in self.engines),
             wall_seconds=time.perf_counter() - wall0, events=events,
             arrival=arrival, replica=replica, ttft=ttft, cached=cached, prompt=prompt, failed=failed,
-            extra={"calibration_seconds": calibration},
+            extra=extra,
         )
 
 
 def default_plan_fn(*, now: float, keys: list[str], rates: list[float], healthy: list[bool],
                     active: Plan | None, q_cap: float, warm_slots: int, version: int, replicas: int,
                     window: float) -> Plan:
-    """A fresh LPT plan every interval over all replicas (policies skip unhealthy ones)."""
+    """The planner's churn-aware lifecycle (services.planner.candidate with its defaults): the
+    first plan admits each key on its cold-tail ring home where balance allows (`build_at_home`),
+    every later one re-plans from the active plan (`replan_incremental`), so a key keeps its
+    replicas unless moving it pays. Every interval's plan is installed (the planner's switching
+    rule and shadow gate are experiments/harness's). Over all replicas (policies skip unhealthy
+    ones). `scratch_plan_fn` is the paper's fresh LPT plan every interval."""
+    from services.core.replan import build_at_home, replan_incremental, ring_homes
+
+    ids = [f"r{j}" for j in range(replicas)]
+    if active is None:
+        return build_at_home(keys, rates, ids, q_cap, warm_slots, ring_homes(replicas), version=version,
+                             created_at=now, window_seconds=window)
+    return replan_incremental(active, keys, rates, ids, q_cap, warm_slots, version=version, created_at=now,
+                              window_seconds=window, homes=ring_homes(replicas))
+
+
+def scratch_plan_fn(*, now: float, keys: list[str], rates: list[float], healthy: list[bool],
+                    active: Plan | None, q_cap: float, warm_slots: int, version: int, replicas: int,
+                    window: float) -> Plan:
+    """A fresh LPT plan every interval over all replicas (the paper's lifecycle)."""
     from services.core.planning import build_plan
 
     return build_plan(keys, rates, [f"r{j}" for j in range(replicas)], q_cap, warm_slots, version=version,
