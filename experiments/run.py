@@ -49,30 +49,43 @@ BOOT = ["--first-plan-at", "5"]
 SYNTH = ["--duration", "150", "--warmup", "60", *BOOT, "--jobs", "2"]
 FLAGSHIP_GRID = "20,50,100,150,200,250,300"
 FULL_GRID = "25,50,75,100,150,200"        # the full-population flagship (heavier prompts)
-HISTORY = "1800"                          # seconds of aggregated per-key rate history (flagship-history)
+HISTORY = "1800"                          # seconds of aggregated per-key rate history (flagship-full-history)
+# the flagship's calibrated knobs (experiments/results/flagship-anchors/results.json, "chosen"): workload
+# knobs of `flagship` and the per-replica KV; every other workload keeps its defaults
+FLAGSHIP_ANCHORS = {"active_set": 4864, "shared_tokens": 4096, "context_median": 2048}
+FLAGSHIP_KV_BLOCKS = 19388                # 1.375 x the 70B profile's 14,100
+ANCHORED = ["--workload", "flagship", "--active-set", str(FLAGSHIP_ANCHORS["active_set"]),
+            "--knob", f"shared_tokens={FLAGSHIP_ANCHORS['shared_tokens']}",
+            "--knob", f"context_median={FLAGSHIP_ANCHORS['context_median']}", "--kv-blocks", str(FLAGSHIP_KV_BLOCKS)]
+ANCHORED_GRID = "25,50,75,100,125,150,175,200,250,300"
 TRACE_GRID = "4,8,12,16,20,24,32"
 BURST_GRID = "20,50,75,100,125,150,175,200,225,250,275,300"
 BURST = ["--workload", "paper", "--policies", "flat,sglang,cacheroute", "--qps-grid", BURST_GRID, "--q-cap", "10.75",
          "--slo-p99", "3.5", *SYNTH]
 
 COMPARE: dict[str, list[str]] = {
-    # the paper's flagship (section 5.1): the full 128,824-key population, prompt structure
-    # calibrated once from Flat-LB's and Sticky's hit rates (experiments/flagship.py)
-    "flagship": ["sim", "compare", "--workload", "flagship", "--policies", ALL_POLICIES,
-                 "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
+    # the paper's flagship (section 5.1), calibrated on both of its baseline anchors at once (Flat-LB
+    # 64.1%, Sticky 87.3% hit at 100 QPS; issue 23, experiments/flagship.py calibrate-anchors): the
+    # top-4,864 keys of the population, 4,096 shared + 2,048-median context tokens, 19,388 KV blocks
+    "flagship": ["sim", "compare", *ANCHORED, "--policies", ALL_POLICIES, "--qps-grid", ANCHORED_GRID,
+                 "--slo-p99", "3.5", *SYNTH],
+    # the full 128,824-key population (issue 13's flagship), prompt structure calibrated once from
+    # Flat-LB's hit rate (experiments/flagship.py calibrate; Sticky's 87.3% is out of its reach)
+    "flagship-full": ["sim", "compare", "--workload", "flagship", "--policies", ALL_POLICIES,
+                      "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
     # the flagship above its first grid (every policy passed 200 there); q_cap fixed to the value
     # the flagship sweep calibrated at its lowest point, so only the grid changes; merged into
-    # flagship/ by `experiments.run merge-grid flagship:flagship-high`
+    # flagship-full/ by `experiments.run merge-grid flagship-full:flagship-full-high`
     # (sized for the shared machine: SGLang, the lowest p99 at 200 QPS, DualMap, the highest hit rate,
     # and CacheRoute; a run of all nine policies on 250,300,400 took ~3.5 min per run and was stopped)
-    "flagship-high": ["sim", "compare", "--workload", "flagship", "--policies", "sglang,dualmap,cacheroute",
-                      "--qps-grid", "300,400", "--q-cap", "13.25", "--slo-p99", "3.5", *SYNTH],
-    "flagship-history-high": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
-                              "--rate-history", HISTORY, "--qps-grid", "250,300,400", "--q-cap", "13.25",
-                              "--slo-p99", "3.5", "--duration", "150", "--warmup", "60", *BOOT, "--jobs", "1"],
+    "flagship-full-high": ["sim", "compare", "--workload", "flagship", "--policies", "sglang,dualmap,cacheroute",
+                           "--qps-grid", "300,400", "--q-cap", "13.25", "--slo-p99", "3.5", *SYNTH],
+    "flagship-full-history-high": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
+                                   "--rate-history", HISTORY, "--qps-grid", "250,300,400", "--q-cap", "13.25",
+                                   "--slo-p99", "3.5", "--duration", "150", "--warmup", "60", *BOOT, "--jobs", "1"],
     # the same with the planner fed 30 min of aggregated per-key rates (EWMA horizon 30 min)
-    "flagship-history": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
-                         "--rate-history", HISTORY, "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
+    "flagship-full-history": ["sim", "compare", "--workload", "flagship", "--policies", "cacheroute",
+                              "--rate-history", HISTORY, "--qps-grid", FULL_GRID, "--slo-p99", "3.5", *SYNTH],
     "flagship-k128": ["sim", "compare", "--workload", "paper", "--active-set", "128", "--policies", ALL_POLICIES,
                       "--qps-grid", FLAGSHIP_GRID, "--slo-p99", "3.5", *SYNTH],
     "flagship-k256": ["sim", "compare", "--workload", "paper", "--active-set", "256", "--policies", ALL_POLICIES,
@@ -412,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.extra:
             ap.error("merge-grid NAME EXTRA")
         return merge_grid(args.extra.split(":")[0], args.extra.split(":")[1]) if ":" in args.extra else \
-            ap.error("merge-grid wants BASE:EXTRA, e.g. flagship:flagship-high")
+            ap.error("merge-grid wants BASE:EXTRA, e.g. flagship-full:flagship-full-high")
     if args.keep_old and not args.only:
         ap.error("--keep-old needs --only")
     if args.only:

@@ -60,6 +60,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="llama3-70b-fp8-h100x2", help=f"one of {', '.join(PROFILE_NAMES)}")
     p.add_argument("--duration", type=float, help="seconds of arrivals (workloads: default 300; traces: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-blocks", type=int, help="KV blocks per replica (default: the profile's)")
     p.add_argument("--q-cap", type=float, help="req/s per replica at the knee (default: calibrated)")
     p.add_argument("--warm-slots", type=int, help="W per replica (default: from the KV size)")
     p.add_argument("--warmup", type=float, help="seconds excluded from metrics (default: 2 control intervals, <= 25%%)")
@@ -104,7 +105,7 @@ def _spec(args: argparse.Namespace, policy: str, qps: float | None = None) -> Ru
                    q_cap=args.q_cap, warm_slots=args.warm_slots, warmup=args.warmup,
                    control_interval=args.control_interval, first_plan_at=args.first_plan_at,
                    rate_horizon=args.rate_horizon, rate_history=args.rate_history, arrival_trace=args.arrivals,
-                   lifecycle=args.lifecycle)
+                   lifecycle=args.lifecycle, kv_blocks=args.kv_blocks)
     try:
         if args.arrivals is not None and (args.trace is not None or not os.path.isfile(args.arrivals)):
             raise ValueError("--arrivals wants a readable Azure .csv and a --workload")
@@ -112,6 +113,8 @@ def _spec(args: argparse.Namespace, policy: str, qps: float | None = None) -> Ru
             value = getattr(args, name)
             if value is not None and not (value > 0 and value != float("inf")):
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive number of seconds")
+        if args.kv_blocks is not None and args.kv_blocks < 1:
+            raise ValueError("--kv-blocks must be positive (blocks of 16 tokens per replica)")
         check_names(policy, args.profile)
         if args.workload is not None:
             from services.core.workloads import WORKLOADS

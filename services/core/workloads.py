@@ -50,6 +50,12 @@ Variants:
   drift      paper whose per-key rates follow a log-normal random walk, sigma = 0.3 per
              `interval` seconds (default 60; paper: six intervals), renormalised to the
              offered qps each interval so load stays matched. `epochs` holds the rates.
+  flagship   one prefix shared by every key (`shared_tokens`) + the key's own context
+             (log-normal, median `context_median`, sigma 0.5) + the `paper` suffix; every key of
+             the population sends traffic (default), or with `active_set=K` the top-K keys, their
+             rates renormalised (the context lengths are drawn for the whole population first, so
+             a key's prefix does not depend on K). Defaults: issue 13's full-population calibration;
+             experiments/run.py's `flagship` passes the knobs calibrated on both anchors.
 
 Block hashes: block i of key b's prefix hashes (workload, key, i) with splitmix64, so
 equal hashes mean equal prefixes, as chained engine hashes do. Requests of one key
@@ -209,17 +215,20 @@ FLAGSHIP_CONTEXT_SIGMA = 0.5
 
 def _flagship(qps, duration, seed, *, shared_tokens=FLAGSHIP_SHARED_TOKENS, context_median=FLAGSHIP_CONTEXT_MEDIAN,
               context_sigma=FLAGSHIP_CONTEXT_SIGMA, cv=1.0, keys=PAPER_KEYS, sigma=PAPER_SIGMA, burst_dwell=None,
-              arrivals=None):
-    """The full population: every key can send traffic; prompt = one prefix shared by every key
-    + the key's own context + a unique suffix (module header)."""
+              arrivals=None, active_set=None):
+    """Every key of the population can send traffic (or, with `active_set=K`, the top-K keys,
+    their rates renormalised); prompt = one prefix shared by every key + the key's own context
+    + a unique suffix (module header)."""
     if shared_tokens < 0 or context_median < BLOCK_TOKENS:
         raise ValueError("flagship needs shared_tokens >= 0 and context_median >= 16")
     rng = np.random.default_rng(seed)
     population = lognormal_shares(keys, sigma)
+    active = _active_count(active_set, keys)
     shared = block_hashes("flagship", "*shared*", int(shared_tokens) // BLOCK_TOKENS)
     context = _flagship_contexts(rng, keys, context_median, context_sigma)
     replay, arrivals = arrivals, arrival_times(rng, qps, duration, cv, burst_dwell, arrivals)
-    key_idx = _draw(rng, population, len(arrivals))
+    drawn = population if active == keys else population[:active] / population[:active].sum()
+    key_idx = _draw(rng, drawn, len(arrivals))
     n = len(arrivals)
     suffix = PAPER_SUFFIX.sample(rng, n).tolist()
     output = OUTPUT.sample(rng, n).tolist()
@@ -235,9 +244,9 @@ def _flagship(qps, duration, seed, *, shared_tokens=FLAGSHIP_SHARED_TOKENS, cont
             prefix[key] = len(chain) * BLOCK_TOKENS
         requests.append(Request(rid, t, key, prefix[key] + u, o, chain))
     names = tuple(f"k{k:06d}" for k in sorted(chains, key=lambda k: (-population[k], k)))
-    rates = {f"k{k:06d}": float(qps * population[k]) for k in chains}
+    rates = {f"k{k:06d}": float(qps * drawn[k]) for k in chains}
     knobs = {"shared_tokens": int(shared_tokens) // BLOCK_TOKENS * BLOCK_TOKENS, "context_median": context_median,
-             "context_sigma": context_sigma, "cv": cv, "keys": keys, "sigma": sigma, "active_set": keys}
+             "context_sigma": context_sigma, "cv": cv, "keys": keys, "sigma": sigma, "active_set": active}
     if replay is not None:
         knobs["arrivals"] = len(replay)
     return Workload("flagship", qps, duration, seed, requests, names, prefix, rates, (RateEpoch(0.0, rates),),
@@ -266,7 +275,9 @@ def history_rates(name: str, *, qps: float, seconds: float, seed: int, history_s
         shared = int(knobs.get("shared_tokens", FLAGSHIP_SHARED_TOKENS)) // BLOCK_TOKENS * BLOCK_TOKENS
         prefix = shared + _flagship_contexts(rng, keys, knobs.get("context_median", FLAGSHIP_CONTEXT_MEDIAN),
                                              knobs.get("context_sigma", FLAGSHIP_CONTEXT_SIGMA))
-        shares = population
+        active = _active_count(knobs.get("active_set"), keys)
+        shares = population if active == keys else np.concatenate(
+            [population[:active] / population[:active].sum(), np.zeros(keys - active)])
     elif name == "paper":
         active = _active_count(knobs.get("active_set", 128), keys)
         prefix = _block_align(PAPER_PREFIX.sample(rng, active))

@@ -42,6 +42,7 @@ class RunSpec:
     rate_history: float | None = None       # seconds of aggregated history known before t = 0
     arrival_trace: str | None = None        # synthetic workloads: replay this Azure CSV's arrival times
     lifecycle: str = "churn"                # planned policies' re-plan: "churn" (the planner's) or "scratch" (fresh LPT)
+    kv_blocks: int | None = None            # KV blocks per replica; None: the profile's
 
 
 def load_requests(spec: RunSpec) -> list[Request]:
@@ -97,7 +98,10 @@ def config_for(spec: RunSpec) -> SimConfig:
         horizon = spec.rate_history       # a history without a horizon: weigh it as its own length
     if spec.lifecycle not in LIFECYCLES:
         raise ValueError(f"unknown lifecycle {spec.lifecycle!r}; valid: {', '.join(LIFECYCLES)}")
-    return SimConfig(get_profile(spec.profile), spec.replicas, q_cap=spec.q_cap, warm_slots=spec.warm_slots,
+    if spec.kv_blocks is not None and spec.kv_blocks < 1:
+        raise ValueError(f"kv_blocks must be a positive number of blocks, got {spec.kv_blocks}")
+    return SimConfig(get_profile(spec.profile), spec.replicas, kv_blocks=spec.kv_blocks, q_cap=spec.q_cap,
+                     warm_slots=spec.warm_slots,
                      warmup=spec.warmup, end=spec.duration if spec.trace is None else None,
                      control_interval=spec.control_interval, first_plan_at=spec.first_plan_at,
                      rate_horizon=horizon, rate_prior=prior, rate_prior_seconds=prior_seconds,
@@ -122,7 +126,7 @@ def calibrated_q_cap(spec: RunSpec, requests: Sequence[Request] | None = None) -
     from services.sim import calibrate
 
     reqs = requests if requests is not None else load_requests(spec)
-    return calibrate.q_cap_for(get_profile(spec.profile), reqs, spec.replicas)
+    return calibrate.q_cap_for(get_profile(spec.profile), reqs, spec.replicas, kv_blocks=spec.kv_blocks)
 
 
 def sweep(spec: RunSpec, grid: Sequence[float], *, run: Callable[[list[RunSpec]], list[dict]] | None = None

@@ -155,3 +155,40 @@ def test_shared_data_is_found_beside_the_checkout_or_from_the_environment():
     assert all(p.startswith(run.MOONCAKE + "/") for p in prefix_sharing.DEFAULT)
     traces = [a for argv in run.COMPARE.values() for a in argv if a.endswith(".jsonl")]
     assert traces and all(t.startswith(run.MOONCAKE + "/") for t in traces)
+
+
+def test_the_flagship_runs_the_calibrated_knobs():
+    """`flagship` is the workload calibrated on both anchors (experiments.flagship calibrate-anchors):
+    the stored chosen cell's active set and KV, the fixed prompt shape; the old flagship is `flagship-full`."""
+    from clients.cli import build_parser
+    from clients.cli.sim import _spec
+    from experiments import flagship
+
+    stored = run.load("flagship-anchors")
+    assert stored is not None, "experiments/results/flagship-anchors/results.json is missing"
+    chosen = stored["chosen"]
+    assert chosen == flagship.best_cell(stored["cells"])
+    assert run.FLAGSHIP_ANCHORS == {"active_set": chosen["active_set"], **flagship.ANCHOR_SHAPE}
+    assert run.FLAGSHIP_KV_BLOCKS == chosen["kv_blocks"] == flagship.kv_blocks(chosen["kv_factor"])
+    spec = _spec(build_parser().parse_args(run.command("flagship")), "sticky", 100.0)
+    assert spec.workload == "flagship" and spec.kv_blocks == run.FLAGSHIP_KV_BLOCKS
+    assert spec.workload_knobs == run.FLAGSHIP_ANCHORS
+    assert (spec.profile, spec.replicas, spec.duration, spec.warmup, spec.seed) == \
+        (flagship.PROFILE, 30, 150.0, 60.0, 0)
+    full = _spec(build_parser().parse_args(run.command("flagship-full")), "sticky", 100.0)
+    assert full.workload == "flagship" and full.workload_knobs == {} and full.kv_blocks is None
+    assert "--active-set" in run.COMPARE["flagship-k128"]
+
+
+def test_anchor_objective_and_refinement_cells():
+    from experiments import flagship
+
+    assert flagship.objective(0.641, 0.873) == 0.0
+    assert flagship.objective(0.631, 0.883) == pytest.approx(0.02)
+    cells = flagship.stage2_cells(4096, 1.0)
+    assert (4096, 1.0) not in cells and len(cells) == 8
+    assert {k for k, _ in cells} == {3456, 4096, 4864} and {f for _, f in cells} == {0.875, 1.0, 1.125}
+    rows = [{"objective": 0.01, "kv_factor": 1.5, "active_set": 1024},
+            {"objective": 0.01, "kv_factor": 1.0, "active_set": 2048},
+            {"objective": 0.02, "kv_factor": 1.0, "active_set": 512}]
+    assert flagship.best_cell(rows)["active_set"] == 2048          # tie: KV nearer the profile's

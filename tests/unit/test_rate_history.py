@@ -90,3 +90,9 @@ def test_run_spec_wires_history_into_the_config():
     cfg = config_for(spec)
     assert cfg.rate_horizon == 600.0 and cfg.rate_prior_seconds == 600.0 and len(cfg.rate_prior) == 16
     assert config_for(RunSpec(policy="flat", qps=1.0)).rate_prior == ()
+
+
+def test_flagship_history_respects_the_active_set():
+    hist = history_rates("flagship", qps=50.0, seconds=300.0, seed=3, history_seed=9, active_set=256)
+    assert hist and max(int(k[1:]) for k, _, _ in hist) < 256
+    assert sum(r for _, r, _ in hist) == pytest.approx(50.0, rel=0.05)

@@ -80,8 +80,19 @@ def test_compare_writes_table_and_plots(tmp_path, capsys):
     (["--workload", "paper", "--policy", "flat", "--qps", "1", "--profile", "x"], ["unknown profile", "llama3-8b-h100"]),
     (["--trace", "/no/such/file.jsonl", "--policy", "flat"], ["cannot read trace"]),
     (["--workload", "paper", "--policy", "flat", "--qps", "1", "--knob", "bogus=1"], ["unknown knob"]),
+    (["--workload", "paper", "--policy", "flat", "--qps", "1", "--kv-blocks", "0"], ["--kv-blocks must be positive"]),
 ])
 def test_bad_names_exit_2_with_the_choices(capsys, argv, words):
     assert main(["sim", "run", *argv]) == 2
     err = capsys.readouterr().err
     assert all(w in err for w in words)
+
+
+def test_run_with_a_kv_override_uses_that_pool(capsys):
+    base = ["sim", "run", "--workload", "paper", "--active-set", "16", "--policy", "flat", "--qps", "20",
+            "--duration", "10", "--replicas", "2", "--profile", "llama3-8b-h100", "--json"]
+    assert main(base) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert main([*base, "--kv-blocks", "400"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    assert small["hit_rate"] < full["hit_rate"]          # 400 blocks hold ~2 of the 16 prefixes

@@ -181,3 +181,22 @@ def test_mmpp_bursts_keep_their_cv_after_thinning_to_one_replica():
     assert [q.arrival for q in w.requests] == [q.arrival for q in
                                                make_workload("paper", qps=50, duration=30, seed=1, cv=1.9,
                                                              burst_dwell=5.0).requests]
+
+
+def test_flagship_active_set_draws_the_top_keys_only_and_defaults_to_the_population():
+    w = make_workload("flagship", qps=200, duration=30, seed=2, active_set=512)
+    ranks = [int(r.key[1:]) for r in w.requests]
+    assert max(ranks) < 512 and len(set(ranks)) > 400
+    assert w.knobs["active_set"] == 512
+    assert sum(w.rates.values()) <= 200 + 1e-6 and max(w.rates.values()) / 200 > 0.01   # renormalised
+    full = make_workload("flagship", qps=50, duration=10, seed=2)
+    same = make_workload("flagship", qps=50, duration=10, seed=2, active_set=0)
+    assert full.knobs["active_set"] == 128_824
+    assert [(q.key, q.arrival, q.prompt_tokens) for q in full.requests] == \
+        [(q.key, q.arrival, q.prompt_tokens) for q in same.requests]
+    # context lengths do not depend on the active set: key k's prefix is the same in both
+    top = make_workload("flagship", qps=50, duration=10, seed=2, active_set=1024)
+    common = set(top.prefix_tokens) & set(full.prefix_tokens)
+    assert common and all(top.prefix_tokens[k] == full.prefix_tokens[k] for k in common)
+    with pytest.raises(ValueError, match="active_set"):
+        make_workload("flagship", qps=50, duration=10, seed=2, active_set=200_000)
