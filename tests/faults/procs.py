@@ -10,8 +10,6 @@ and `Procs.cleanup()` SIGKILLs whatever is left at teardown, pass or fail.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import signal
 import subprocess
@@ -22,18 +20,10 @@ from pathlib import Path
 from typing import Callable
 
 from services.healthcheck import is_serving
-from services.stack import SERVICE_NAMES, parse_serving_line
+from services.stack import SERVICE_NAMES, _launcher, parse_serving_line
 
 COMMON = ["--host", "127.0.0.1", "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--grace-seconds", "0.5",
           "--log-level", "INFO"]
-
-
-def _pdeathsig() -> Callable[[], None] | None:
-    """preexec_fn: the kernel SIGKILLs the child when the thread that started it dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    return lambda: prctl(1, int(signal.SIGKILL))   # 1 = PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -63,10 +53,14 @@ class ServiceProc:
         self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         http = ["--http-port", "0"] if self.kind == "dispatcher" else []   # its OpenAI HTTP API: ephemeral too
-        argv = [sys.executable, "-m", f"services.{self.kind}", *COMMON, "--port", str(self.port), *http, *self.args]
+        # `setpriv --pdeathsig` (services.stack), not a preexec_fn: Python code run in the forked
+        # child meets grpc's fork handlers, and a child aborted with "epoll_wait error: Bad file
+        # descriptor" once this process had grpc channels open
+        argv = [*_launcher(), sys.executable, "-m", f"services.{self.kind}", *COMMON, "--port", str(self.port),
+                *http, *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True, preexec_fn=_pdeathsig())
+                                         env=env, start_new_session=True)
         return self
 
     def poll_ready(self, check: Callable[[str], bool] | None = None) -> bool:
