@@ -22,6 +22,7 @@ import abc
 import math
 from typing import Callable, Sequence
 
+from services.core.engines import EngineSet
 from services.core.plan import Plan
 from services.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.model import (
@@ -74,6 +75,15 @@ _REFUSALS = {
 def refusal(status: str, version: int, current: int) -> Exception:
     """The exception for a refused activation step ("stale", "missing", "fenced", ...)."""
     return _REFUSALS[status](version, current)
+
+
+def check_engine_write(engines: EngineSet, expected: int) -> None:
+    if engines.version <= expected:
+        raise InvalidArgument(f"engine set version {engines.version} must be above the expected {expected}")
+
+
+def stale_engines(current: int) -> StaleVersion:
+    return StaleVersion(f"stale engine set: the stored version is {current}; read it and try again")
 
 
 def check_version(version: int) -> None:
@@ -243,6 +253,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def subscribe(self) -> "Subscription":
         """A subscription to PlanEvents published from now on (`async with` it)."""
+
+    # ---- the engine set (services/core/engines.py)
+
+    @abc.abstractmethod
+    async def get_engine_set(self) -> EngineSet:
+        """The stored engine set; `EngineSet()` (version 0, no engines) when none was ever written."""
+
+    @abc.abstractmethod
+    async def put_engine_set(self, engines: EngineSet, *, expected: int,
+                             fencing_token: int | None = None) -> EngineSet:
+        """Store `engines` if the stored set's version is `expected` (0: none stored yet), in one
+        atomic step; `engines.version` must be greater than `expected`. StaleVersion (with the
+        stored version in the message) when another writer got there first, Fenced when
+        `fencing_token` is given and not the lease's. Kept in the plans' hash slot, so one
+        Redis Cluster slot holds every piece of control state. Returns `engines`."""
 
     # ---- lease
 

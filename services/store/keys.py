@@ -45,7 +45,7 @@ class Keys:
 
     def plans(self, name: str) -> str:
         """A plan-state key: seq, plan:V, summary:V, index, active, history, mode, pinned,
-        lease, fence or events."""
+        lease, fence, events or engines (the engine set, services.core.engines)."""
         return f"{self.prefix}:{{plans}}:{name}"
 
 
@@ -182,3 +182,19 @@ def unseal_blob(blob: bytes):
     keys = blob[_SEAL_HEAD:_SEAL_HEAD + size].split(b"\0") if m else []
     values = np.frombuffer(blob, dtype="<i8", count=3 * m, offset=_SEAL_HEAD + size).reshape(m, 3)
     return keys, values.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine set: one hash, {version, set (JSON of services.core.engines.engines_to_dict)}
+
+def engines_blob(engines) -> bytes:
+    from services.core.engines import engines_to_dict
+
+    return orjson.dumps(engines_to_dict(engines))
+
+
+def engines_from_blob(blob: bytes | None):
+    from services.core.engines import EngineSet, engines_from_dict
+
+    return engines_from_dict(orjson.loads(blob)) if blob else EngineSet()
+

@@ -35,8 +35,11 @@ from services.store.buckets import (
     window_buckets,
 )
 from services.store.config import TelemetryConfig
-from services.store.contract import HISTORY_MAX, PREFIX_FIELDS_PER_BUCKET, Store, Subscription, check_version, lease_ms, refusal
+from services.store.contract import (HISTORY_MAX, PREFIX_FIELDS_PER_BUCKET, Store, Subscription, check_engine_write,
+                                     check_version, lease_ms, refusal, stale_engines)
 from services.store.keys import (
+    engines_blob,
+    engines_from_blob,
     arrival_from_log,
     decode_plan,
     encode_plan,
@@ -60,6 +63,7 @@ class MemoryStore(Store):
         self._cache_total: dict[str, list[int]] = {}
         self._prefix_b: dict[int, dict[str, int]] = {}
         self._plans: dict[int, bytes] = {}
+        self._engines: tuple[int, bytes] = (0, b"")               # version, stored form
         self._summaries: dict[int, bytes] = {}
         self._seq = 0
         self._active = 0
@@ -374,6 +378,19 @@ class MemoryStore(Store):
         self._check()
         lease = self._lease_now()
         return None if lease is None else LeaseInfo(lease[0], lease[1], max(0.0, lease[2] - self._clock()))
+
+    async def get_engine_set(self):
+        self._check()
+        return engines_from_blob(self._engines[1])
+
+    async def put_engine_set(self, engines, *, expected: int, fencing_token: int | None = None):
+        self._check()
+        check_engine_write(engines, expected)
+        self._check_fence(fencing_token)
+        if self._engines[0] != expected:
+            raise stale_engines(self._engines[0])
+        self._engines = (engines.version, engines_blob(engines))
+        return engines
 
     async def ping(self) -> None:
         self._check()

@@ -51,8 +51,11 @@ from services.store.buckets import (
 )
 from services.store.config import TelemetryConfig
 from services.store.connect import async_client, parse_redis_url, sync_client
-from services.store.contract import PREFIX_FIELDS_PER_BUCKET, HISTORY_MAX, Store, Subscription, check_version, lease_ms, refusal
+from services.store.contract import (PREFIX_FIELDS_PER_BUCKET, HISTORY_MAX, Store, Subscription, check_engine_write,
+                                     check_version, lease_ms, refusal, stale_engines)
 from services.store.keys import (
+    engines_blob,
+    engines_from_blob,
     Keys,
     arrival_from_log,
     decode_plan,
@@ -126,6 +129,7 @@ class RedisStore(Store):
         self._acquire = r.register_script(SCRIPTS["acquire"])
         self._renew = r.register_script(SCRIPTS["renew"])
         self._next_version = r.register_script(SCRIPTS["next_version"])
+        self._put_engines = r.register_script(SCRIPTS["put_engines"])
         self._seen_version = 0   # highest version seen in the store (reset detection, no reuse)
         self.unreplicated_writes = 0   # plan writes whose WAIT saw fewer replicas than asked
         self._cluster_ready = False
@@ -509,6 +513,26 @@ class RedisStore(Store):
 
     def subscribe(self) -> "Subscription":
         return _RedisSubscription(self)
+
+    # ---- the engine set
+
+    async def get_engine_set(self):
+        async with self._guard():
+            blob = await self._redis.hget(self._p("engines"), "set")
+        return engines_from_blob(blob)
+
+    async def put_engine_set(self, engines, *, expected: int, fencing_token: int | None = None):
+        check_engine_write(engines, expected)
+        async with self._guard():
+            status, current = await self._plan_write(
+                self._put_engines, [self._p("engines"), self._p("lease")],
+                [expected, engines.version, engines_blob(engines), _token_arg(fencing_token)])
+        status = status.decode() if isinstance(status, bytes) else status
+        if status == "fenced":
+            raise refusal("fenced", 0, 0)
+        if status == "stale":
+            raise stale_engines(int(current))
+        return engines
 
     # ---- lease
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from services.core.engines import EngineSet, add_engine, drain_engine
 from services.core.plan import Plan, SwitchDecision
 from services.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.store import (ArrivalRecord, CacheStatRecord, Fenced, FlatMode, MemoryStore, Mode, Pinned, RedisStore,
@@ -370,3 +371,35 @@ def test_prune_keeps_newest_active_pinned_and_history(make_store):
     deleted, again, left = run(make_store, scenario)
     assert (deleted, again) == (4, 0)          # 1, 4, 5, 6 go
     assert left == [8, 7, 3, 2]
+
+
+# ------------------------------------------------------------------ the engine set
+
+
+def test_engine_set_is_versioned_compare_and_set_and_fenced(make_store):
+    """Absent reads as version 0; a write needs the stored version; the loser of two writers
+    from the same version is refused; a stale lease token is refused; a reader sees the set
+    exactly as written (slots, states, sources)."""
+    async def scenario(store):
+        empty = await store.get_engine_set()
+        one = add_engine(EngineSet(), "127.0.0.1:1", now=T0)
+        two = add_engine(one, "127.0.0.1:2", engine_id="b", now=T0)
+        await store.put_engine_set(one, expected=0)
+        await store.put_engine_set(two, expected=1)
+        with pytest.raises(StaleVersion, match="stored version is 2"):
+            await store.put_engine_set(add_engine(one, "127.0.0.1:3", now=T0), expected=1)   # lost the race
+        with pytest.raises(InvalidArgument):
+            await store.put_engine_set(two, expected=2)                                      # not above expected
+        token = await store.acquire_lease("p1", 30)
+        drained = drain_engine(two, "b", now=T0 + 1)
+        with pytest.raises(Fenced):
+            await store.put_engine_set(drained, expected=2, fencing_token=token + 1)
+        await store.put_engine_set(drained, expected=2, fencing_token=token)
+        return empty, await store.get_engine_set()
+
+    empty, stored = run(make_store, scenario)
+    assert empty == EngineSet() and empty.version == 0
+    assert stored.version == 3
+    assert [(e.slot, e.id, e.address, e.state) for e in stored.engines] == [
+        (0, "e0", "127.0.0.1:1", "active"), (1, "b", "127.0.0.1:2", "draining")]
+    assert stored.engines[1].changed_at == T0 + 1
