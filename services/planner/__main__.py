@@ -5,7 +5,8 @@ Environment variables (flags override them):
   CACHEROUTE_KEY_PREFIX (cr)                       Redis key prefix
   CACHEROUTE_BUCKET_SECONDS (10)                   telemetry bucket width (collector must agree)
   CACHEROUTE_RETENTION_SECONDS (3600)              telemetry retention
-  CACHEROUTE_REPLICAS (required)                   replica ids, or id=host:port pairs (ids are used)
+  CACHEROUTE_REPLICAS (required unless --discover) replica ids, or id=host:port pairs; the engine set's first slots
+                                                   (`cacheroute engines add|drain|remove` changes it at run time)
   CACHEROUTE_Q_CAP (20)                            req/s one replica carries at the latency knee
   CACHEROUTE_WARM_SLOTS (8)                        W: prefixes one replica keeps warm
   CACHEROUTE_INTERVAL (30)                         seconds between control-loop iterations
@@ -47,6 +48,9 @@ Live failure repair (services/planner/repair.py; needs id=host:port replicas):
   CACHEROUTE_ENGINE_KIND (cacheroute)              kind of addresses without KIND+ (services/backends)
   CACHEROUTE_ADVISE_SLO_P99 (0)                    > 0: export cacheroute_recommended_replicas for this p99 SLO
   CACHEROUTE_ADVISE_PROFILE (llama3-8b-h100)       engine profile the capacity advisor simulates
+  CACHEROUTE_DISCOVER ("")                         [KIND+][http://]NAME:PORT: engines are the addresses NAME resolves
+                                                   to (a Kubernetes headless Service), re-resolved by the lease holder
+  CACHEROUTE_DISCOVER_INTERVAL (10)                seconds between resolutions
   CACHEROUTE_HEALTH_INTERVAL (0.5)                 seconds between health checks of each replica
   CACHEROUTE_HEALTH_TIMEOUT (0.3)                  deadline of one health check, seconds
   CACHEROUTE_REPAIR_GRACE (2)                      seconds a replica must stay down before a repair
@@ -64,6 +68,7 @@ from services.core.shadow import FallbackConfig
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
 from services.planner.advisor import AdviceConfig
 from services.planner.control import LoopConfig, switching_config
+from services.planner.engines import parse_discovery
 from services.planner.gate import GateConfig
 from services.planner.service import PlannerConfig, serve
 from services.rpc import add_server_flags, env, env_number, run_service, server_config
@@ -143,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--engine-kind", default=env("ENGINE_KIND", "cacheroute"),
                    choices=("cacheroute", "vllm", "sglang", "llamacpp", "openai"),
                    help="kind of replica addresses given without KIND+, as the dispatchers' (env CACHEROUTE_ENGINE_KIND)")
+    g.add_argument("--discover", default=env("DISCOVER", ""),
+                   help="[KIND+][http://]NAME:PORT: engines from every address NAME resolves to, re-resolved "
+                        "periodically (services/planner/engines.py; env CACHEROUTE_DISCOVER)")
+    g.add_argument("--discover-interval", type=float, default=env_number("DISCOVER_INTERVAL", "10", float),
+                   help="seconds between resolutions of --discover (default 10)")
     g.add_argument("--health-interval", type=float, default=env_number("HEALTH_INTERVAL", "0.5", float),
                    help="seconds between health checks (default 0.5)")
     g.add_argument("--health-timeout", type=float, default=env_number("HEALTH_TIMEOUT", "0.3", float),
@@ -201,7 +211,8 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
     for name in ("health_interval", "health_timeout", "repair_grace"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
-    replicas = parse_replicas(args.replicas or "")
+    discovery = parse_discovery(args.discover, args.discover_interval) if args.discover else None
+    replicas = parse_replicas(args.replicas) if args.replicas or discovery is None else ()
     loop = LoopConfig(replica_ids=tuple(r.id for r in replicas), q_cap=args.q_cap, warm_slots=args.warm_slots,
                       interval=args.interval, window_seconds=args.window, incremental=bool(args.incremental),
                       switching=switching_config(parse_knobs(args.switch_knobs)), planner_id=args.planner_id,
@@ -213,7 +224,7 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
                          gate=gate_from_args(args), replica_addresses={r.id: r.address for r in replicas if r.address},
                          repair=bool(args.repair), health_interval=args.health_interval,
                          health_timeout=args.health_timeout, repair_grace=args.repair_grace,
-                         engine_kind=args.engine_kind,
+                         engine_kind=args.engine_kind, discovery=discovery,
                          advice=AdviceConfig(profile=args.advise_profile, replicas=len(loop.replica_ids),
                                              slo_p99=args.advise_slo_p99, q_cap=loop.q_cap)
                          if args.advise_slo_p99 > 0 else None)

@@ -239,7 +239,10 @@ class ControlLoop:
             snap = await history_snapshot(store, now, cfg.window_seconds, cfg.rate_horizon, cfg.rate_history)
         if snap.total_arrivals < cfg.min_arrivals:
             return f"skipped: {snap.total_arrivals} arrivals in the window"
-        inputs = BuildInputs.from_snapshot(snap, self.replicas(), cfg.q_cap, cfg.warm_slots)
+        replicas = self.replicas()
+        if not replicas:
+            return "skipped: no active engines"
+        inputs = BuildInputs.from_snapshot(snap, replicas, cfg.q_cap, cfg.warm_slots)
         if cfg.prefix:
             inputs = await self.prefix_inputs(inputs, snap, now)
 

@@ -73,15 +73,34 @@ class ReplicaHealth:
             await backend.close()
         self._backends.clear()
 
+    async def set_addresses(self, addresses: Mapping[str, str]) -> None:
+        """Follow the engine set (services/planner/engines.py): check new replicas at once, forget
+        removed ones (and those whose address changed, which are checked anew)."""
+        new = dict(addresses)
+        for rid in [r for r in self._backends if new.get(r) != self.addresses.get(r)]:
+            backend = self._backends.pop(rid)
+            self._down_since.pop(rid, None)
+            await backend.close()
+        self.addresses = new
+        added = [rid for rid in new if rid not in self._backends]
+        for rid in added:
+            self._backends[rid] = make_backend(rid, new[rid], self._default_kind, tls=self._tls)
+        await asyncio.gather(*(self._check(rid) for rid in added))
+
     async def poll_once(self) -> None:
-        await asyncio.gather(*(self._check(rid) for rid in self._backends))
+        await asyncio.gather(*(self._check(rid) for rid in list(self._backends)))
 
     async def _check(self, rid: str) -> None:
+        backend = self._backends.get(rid)
+        if backend is None:
+            return
         try:
-            await self._backends[rid].check(self.timeout)
+            await backend.check(self.timeout)
             ok = True
         except BackendDown:
             ok = False
+        if self._backends.get(rid) is not backend:
+            return                        # removed (or replaced) while it was being checked
         was_down = rid in self._down_since
         if ok and was_down:
             del self._down_since[rid]

@@ -15,6 +15,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.planner.advisor import AdviceConfig, RecommendedReplicas
 from services.planner.control import ControlLoop, LoopConfig, LoopCounters
+from services.planner.engines import Discovery, DiscoveryTask, EngineControl, EngineRegistry
 from services.planner.gate import Gate, GateConfig
 from services.planner.repair import Repairer, ReplicaHealth
 from services.planner.servicer import PlannerServicer
@@ -24,7 +25,8 @@ from services.store import Store, TelemetryConfig, open_store
 
 log = logging.getLogger("cacheroute.planner")
 SERVICE = "cacheroute.v1.Planner"
-PROTECTED = frozenset({"BuildPlan", "BuildPlanStream", "ActivatePlan", "Rollback", "SetMode", "PinPlan", "UnpinPlan", "ShadowPlan"})
+PROTECTED = frozenset({"BuildPlan", "BuildPlanStream", "ActivatePlan", "Rollback", "SetMode", "PinPlan", "UnpinPlan", "ShadowPlan",
+                       "AddEngine", "DrainEngine", "RemoveEngine"})
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class PlannerConfig:
     repair_grace: float = 2.0
     engine_kind: str = "cacheroute"       # kind of replica addresses without KIND+ (services.backends)
     advice: "AdviceConfig | None" = None  # cacheroute_recommended_replicas (services/planner/advisor.py); None: off
+    discovery: "Discovery | None" = None  # engines from a DNS name (services/planner/engines.py); None: off
     clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
 
 
@@ -97,16 +100,27 @@ class PlannerService:
         self.gate = Gate(config.gate)          # ShadowPlan and BuildPlan(shadow) even when the loop is ungated
         self.health = self.repairer = None
         self._warm: asyncio.Task | None = None
-        replicas = None
-        if config.repair and config.replica_addresses:
+        # the engine set (services/planner/engines.py): the configured replicas, then whatever was
+        # added, drained or removed at run time; the loop plans over its active engines
+        self.engines = EngineRegistry(self.store, configured=[(rid, config.replica_addresses.get(rid, ""))
+                                                              for rid in config.loop.replica_ids],
+                                      clock=config.clock, poll=config.watch_poll_seconds,
+                                      on_change=self._engines_changed)
+        ids = self.engines.placeable_ids
+        replicas = ids
+        if config.repair:
             self.health = ReplicaHealth(config.replica_addresses, interval=config.health_interval,
                                         timeout=config.health_timeout, tls=config.server.tls,
                                         default_kind=config.engine_kind)
-            health, ids, grace = self.health, config.loop.replica_ids, config.repair_grace
-            replicas = lambda: health.usable(ids, grace)   # noqa: E731
+            health, grace = self.health, config.repair_grace
+            replicas = lambda: health.usable(ids(), grace)   # noqa: E731
         self.loop = ControlLoop(self.store, config.loop, clock=config.clock, enabled=config.auto,
                                 counters=_counters(self.metrics.registry, self.hub),
                                 gate=self.gate if config.gate.enabled else None, replicas=replicas)
+        self.engine_control = EngineControl(self.engines, self.store, wake=self.loop.wake, clock=config.clock,
+                                            default_kind=config.engine_kind)
+        self.discovery = (DiscoveryTask(self.engine_control, config.discovery, self._lease_token)
+                          if config.discovery is not None and config.auto else None)
         if self.health is not None and config.auto:
             repairs = Counter("cacheroute_planner_repairs_total", "repaired plan versions written",
                               registry=self.metrics.registry)
@@ -128,6 +142,13 @@ class PlannerService:
         if self.servicer is not None:
             self.servicer.forget_plans()
 
+    async def _engines_changed(self, engines) -> None:
+        """The engine set changed (here or through another planner): health checks follow it
+        and the loop re-plans now."""
+        if self.health is not None:
+            await self.health.set_addresses(engines.addresses())
+        self.loop.wake()
+
     def _lease_token(self) -> int | None:
         return self.loop.status().token if self.loop.leader else None
 
@@ -139,13 +160,17 @@ class PlannerService:
     async def start(self) -> "PlannerService":
         servicer = self.servicer = PlannerServicer(self.store, self.loop, self.hub, planner_id=self.config.loop.planner_id,
                                                    clock=self.config.clock, gate=self.gate,
-                                                   max_message_bytes=self.config.server.max_message_bytes)
+                                                   max_message_bytes=self.config.server.max_message_bytes,
+                                                   engines=self.engine_control, health=self.health)
         self.running = await start_server(self.config.server, [(planner_pb2_grpc.add_PlannerServicer_to_server, servicer)],
                                           [SERVICE], protected_methods=PROTECTED, audited_methods=PROTECTED,
                                           metrics=self.metrics)
         self.hub.start()
         if self.health is not None:
             await self.health.start()
+        await self.engines.start()
+        if self.discovery is not None:
+            self.discovery.start()
         if self.config.gate.enabled:
             self._warm = asyncio.create_task(self._warm_up(), name="planner-gate-warm-up")
         self.loop.start()
@@ -172,6 +197,9 @@ class PlannerService:
             await self.repairer.stop()
         if self.advisor is not None:
             await self.advisor.stop()
+        if self.discovery is not None:
+            await self.discovery.stop()
+        await self.engines.stop()
         await self.loop.stop()
         await self.hub.stop()
         if self.health is not None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import math
 from collections import OrderedDict
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+import grpc
 
 import numpy as np
 
@@ -15,7 +18,8 @@ from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services import codec, planwire
 from services.core.plan import Plan
 from services.core.planning import plan_diff
-from services.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.core.engines import EngineConflict, EngineNotFound, EngineSet
+from services.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
 from services.model import ControlState, Mode
 from services.planner.candidate import BuildInputs, propose
 from services.planner.control import ControlLoop
@@ -23,11 +27,45 @@ from services.planner.gate import Gate
 from services.planner.watch import WatchHub
 from services.store import Pinned, StaleVersion, Store, summary_of
 
+if TYPE_CHECKING:
+    from services.planner.engines import EngineControl
+    from services.planner.repair import ReplicaHealth
+
 MAX_MOVES = 10_000          # DiffPlans moves per answer, whatever max_moves asks
 MAX_EXPLICIT_KEYS = 4_000_000   # explicit rates one BuildPlanStream may carry (a million-key plan, with room)
 MAX_REASON_BYTES = 512      # operator reasons (SetMode, ActivatePlan, Rollback): stored, shown by GetStatus
 _MODE_TO_PB = {Mode.PLANNED: common_pb2.MODE_PLANNED, Mode.FLAT: common_pb2.MODE_FLAT}
 _MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
+
+
+class AlreadyExists(ServiceError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+def _engine_error(exc: Exception) -> ServiceError:
+    """The core's engine-set refusals as status codes (NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION)."""
+    if isinstance(exc, EngineNotFound):
+        return NotFound(str(exc))
+    if isinstance(exc, EngineConflict) and exc.exists:
+        return AlreadyExists(str(exc))
+    return FailedPrecondition(str(exc))
+
+
+def _engine_set(engines: EngineSet, keys: dict[str, int] | None = None,
+                down: set[str] | frozenset = frozenset()) -> planner_pb2.EngineSet:
+    return planner_pb2.EngineSet(version=engines.version, engines=[
+        _engine_info(e, keys, down) for e in engines.engines])
+
+
+def _engine_info(e, keys: dict[str, int] | None = None, down: set[str] | frozenset = frozenset()) -> planner_pb2.EngineInfo:
+    return planner_pb2.EngineInfo(slot=e.slot, id=e.id, address=e.address, state=e.state, source=e.source,
+                                  changed_at=e.changed_at, planned_keys=(keys or {}).get(e.id, 0),
+                                  healthy=e.id not in down)
+
+
+def _keys_per_replica(plan: Plan) -> dict[str, int]:
+    ids = plan.replica_ids
+    return dict(collections.Counter(ids[m] for members in plan.table.values() for m in members))
 
 
 def _control(state: ControlState, previous: int = 0) -> planner_pb2.ControlResponse:
@@ -58,8 +96,11 @@ def _explicit_inputs(parts: list, replica_ids, q_cap, warm_slots) -> BuildInputs
 class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def __init__(self, store: Store, loop: ControlLoop, hub: WatchHub, *, planner_id: str,
                  clock: Callable[[], float], gate: Gate | None = None,
-                 max_message_bytes: int = 8 * 1024 * 1024) -> None:
+                 max_message_bytes: int = 8 * 1024 * 1024, engines: "EngineControl | None" = None,
+                 health: "ReplicaHealth | None" = None) -> None:
         self.store = store
+        self.engines = engines
+        self.health = health
         self.loop = loop
         self.hub = hub
         self.gate = gate
@@ -299,3 +340,59 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
 
     async def UnpinPlan(self, request, context):
         return _control(await self.store.unpin())
+
+    # ---- the engine set (services/planner/engines.py)
+
+    def _engine_control(self) -> "EngineControl":
+        if self.engines is None:
+            raise FailedPrecondition("this planner does not manage an engine set")
+        return self.engines
+
+    def _down(self) -> set[str]:
+        return set(self.health.down_for()) if self.health is not None else set()
+
+    async def ListEngines(self, request, context):
+        engines = await self.store.get_engine_set()
+        if request.known_version and request.known_version == engines.version:
+            return planner_pb2.EngineSet(version=engines.version, unchanged=True)
+        keys = None
+        if request.planned_keys:
+            active = (await self.store.get_control()).active_version
+            keys = await asyncio.to_thread(_keys_per_replica, await self._plan(active)) if active else {}
+        return _engine_set(engines, keys, self._down())
+
+    async def AddEngine(self, request, context):
+        control = self._engine_control()
+        try:
+            after, engine_id, outcome = await control.add(request.address, request.id)
+        except (EngineConflict, EngineNotFound) as exc:
+            raise _engine_error(exc) from None
+        active = (await self.store.get_control()).active_version
+        return self._change(after, engine_id, active, outcome)
+
+    async def DrainEngine(self, request, context):
+        try:
+            after, engine_id, active, outcome = await self._engine_control().drain(_ref(request.engine))
+        except (EngineConflict, EngineNotFound) as exc:
+            raise _engine_error(exc) from None
+        return self._change(after, engine_id, active, outcome)
+
+    async def RemoveEngine(self, request, context):
+        try:
+            after, engine_id, active, outcome = await self._engine_control().remove(_ref(request.engine),
+                                                                                 request.force)
+        except (EngineConflict, EngineNotFound) as exc:
+            raise _engine_error(exc) from None
+        return self._change(after, engine_id, active, outcome)
+
+    def _change(self, after: EngineSet, engine_id: str, active: int, outcome: str) -> planner_pb2.EngineChange:
+        down = self._down()
+        return planner_pb2.EngineChange(engines=_engine_set(after, None, down),
+                                        engine=_engine_info(after.by_id(engine_id), None, down),
+                                        active_version=active, outcome=outcome)
+
+
+def _ref(text: str) -> str:
+    if not text.strip():
+        raise InvalidArgument("engine: give an engine id or address")
+    return text.strip()

@@ -238,3 +238,75 @@ class PlannerStatus(_message.Message):
     available_hit_rate: float
     achieved_hit_rate: float
     def __init__(self, planner_id: _Optional[str] = ..., leader: _Optional[bool] = ..., lease_fencing_token: _Optional[int] = ..., active_version: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., pinned_version: _Optional[int] = ..., mode_reason: _Optional[str] = ..., last_loop_at: _Optional[float] = ..., last_loop_outcome: _Optional[str] = ..., latest_version: _Optional[int] = ..., available_hit_rate: _Optional[float] = ..., achieved_hit_rate: _Optional[float] = ...) -> None: ...
+
+class ListEnginesRequest(_message.Message):
+    __slots__ = ("known_version", "planned_keys")
+    KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    known_version: int
+    planned_keys: bool
+    def __init__(self, known_version: _Optional[int] = ..., planned_keys: _Optional[bool] = ...) -> None: ...
+
+class EngineInfo(_message.Message):
+    __slots__ = ("slot", "id", "address", "state", "source", "changed_at", "planned_keys", "healthy")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    id: str
+    address: str
+    state: str
+    source: str
+    changed_at: float
+    planned_keys: int
+    healthy: bool
+    def __init__(self, slot: _Optional[int] = ..., id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., source: _Optional[str] = ..., changed_at: _Optional[float] = ..., planned_keys: _Optional[int] = ..., healthy: _Optional[bool] = ...) -> None: ...
+
+class EngineSet(_message.Message):
+    __slots__ = ("version", "engines", "unchanged")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    engines: _containers.RepeatedCompositeFieldContainer[EngineInfo]
+    unchanged: bool
+    def __init__(self, version: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., unchanged: _Optional[bool] = ...) -> None: ...
+
+class AddEngineRequest(_message.Message):
+    __slots__ = ("address", "id")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    id: str
+    def __init__(self, address: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
+
+class DrainEngineRequest(_message.Message):
+    __slots__ = ("engine",)
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    def __init__(self, engine: _Optional[str] = ...) -> None: ...
+
+class RemoveEngineRequest(_message.Message):
+    __slots__ = ("engine", "force")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    force: bool
+    def __init__(self, engine: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class EngineChange(_message.Message):
+    __slots__ = ("engines", "engine", "active_version", "outcome")
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    engines: EngineSet
+    engine: EngineInfo
+    active_version: int
+    outcome: str
+    def __init__(self, engines: _Optional[_Union[EngineSet, _Mapping]] = ..., engine: _Optional[_Union[EngineInfo, _Mapping]] = ..., active_version: _Optional[int] = ..., outcome: _Optional[str] = ...) -> None: ...

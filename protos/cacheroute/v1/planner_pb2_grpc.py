@@ -100,6 +100,26 @@ class PlannerStub:
                 request_serializer=cacheroute_dot_v1_dot_planner__pb2.GetPlannerStatusRequest.SerializeToString,
                 response_deserializer=cacheroute_dot_v1_dot_planner__pb2.PlannerStatus.FromString,
                 _registered_method=True)
+        self.ListEngines = channel.unary_unary(
+                '/cacheroute.v1.Planner/ListEngines',
+                request_serializer=cacheroute_dot_v1_dot_planner__pb2.ListEnginesRequest.SerializeToString,
+                response_deserializer=cacheroute_dot_v1_dot_planner__pb2.EngineSet.FromString,
+                _registered_method=True)
+        self.AddEngine = channel.unary_unary(
+                '/cacheroute.v1.Planner/AddEngine',
+                request_serializer=cacheroute_dot_v1_dot_planner__pb2.AddEngineRequest.SerializeToString,
+                response_deserializer=cacheroute_dot_v1_dot_planner__pb2.EngineChange.FromString,
+                _registered_method=True)
+        self.DrainEngine = channel.unary_unary(
+                '/cacheroute.v1.Planner/DrainEngine',
+                request_serializer=cacheroute_dot_v1_dot_planner__pb2.DrainEngineRequest.SerializeToString,
+                response_deserializer=cacheroute_dot_v1_dot_planner__pb2.EngineChange.FromString,
+                _registered_method=True)
+        self.RemoveEngine = channel.unary_unary(
+                '/cacheroute.v1.Planner/RemoveEngine',
+                request_serializer=cacheroute_dot_v1_dot_planner__pb2.RemoveEngineRequest.SerializeToString,
+                response_deserializer=cacheroute_dot_v1_dot_planner__pb2.EngineChange.FromString,
+                _registered_method=True)
 
 
 class PlannerServicer:
@@ -196,6 +216,39 @@ class PlannerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEngines(self, request, context):
+        """The engine set (services/core/engines.py): every engine by slot with its state. Slots are
+        never renumbered and ids never reused; dispatchers poll this (known_version) and follow it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddEngine(self, request, context):
+        """A new engine in the next slot, active: the planner places its share at the next re-plan,
+        which it runs at once. ALREADY_EXISTS for an id or address in use.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainEngine(self, request, context):
+        """Stop placing keys on an engine and move its keys now (a repaired plan: only its keys move);
+        dispatchers stop sending it new requests once their plan holds none there, in-flight ones
+        finish. FAILED_PRECONDITION for the last active engine; NOT_FOUND for an unknown one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveEngine(self, request, context):
+        """A drained engine leaves for good (its slot stays, empty). FAILED_PRECONDITION for an active
+        engine unless force (which drains and removes in one step).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -263,6 +316,26 @@ def add_PlannerServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=cacheroute_dot_v1_dot_planner__pb2.GetPlannerStatusRequest.FromString,
                     response_serializer=cacheroute_dot_v1_dot_planner__pb2.PlannerStatus.SerializeToString,
+            ),
+            'ListEngines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEngines,
+                    request_deserializer=cacheroute_dot_v1_dot_planner__pb2.ListEnginesRequest.FromString,
+                    response_serializer=cacheroute_dot_v1_dot_planner__pb2.EngineSet.SerializeToString,
+            ),
+            'AddEngine': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddEngine,
+                    request_deserializer=cacheroute_dot_v1_dot_planner__pb2.AddEngineRequest.FromString,
+                    response_serializer=cacheroute_dot_v1_dot_planner__pb2.EngineChange.SerializeToString,
+            ),
+            'DrainEngine': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainEngine,
+                    request_deserializer=cacheroute_dot_v1_dot_planner__pb2.DrainEngineRequest.FromString,
+                    response_serializer=cacheroute_dot_v1_dot_planner__pb2.EngineChange.SerializeToString,
+            ),
+            'RemoveEngine': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveEngine,
+                    request_deserializer=cacheroute_dot_v1_dot_planner__pb2.RemoveEngineRequest.FromString,
+                    response_serializer=cacheroute_dot_v1_dot_planner__pb2.EngineChange.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -616,6 +689,114 @@ class Planner:
             '/cacheroute.v1.Planner/GetStatus',
             cacheroute_dot_v1_dot_planner__pb2.GetPlannerStatusRequest.SerializeToString,
             cacheroute_dot_v1_dot_planner__pb2.PlannerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEngines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheroute.v1.Planner/ListEngines',
+            cacheroute_dot_v1_dot_planner__pb2.ListEnginesRequest.SerializeToString,
+            cacheroute_dot_v1_dot_planner__pb2.EngineSet.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddEngine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheroute.v1.Planner/AddEngine',
+            cacheroute_dot_v1_dot_planner__pb2.AddEngineRequest.SerializeToString,
+            cacheroute_dot_v1_dot_planner__pb2.EngineChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainEngine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheroute.v1.Planner/DrainEngine',
+            cacheroute_dot_v1_dot_planner__pb2.DrainEngineRequest.SerializeToString,
+            cacheroute_dot_v1_dot_planner__pb2.EngineChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveEngine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheroute.v1.Planner/RemoveEngine',
+            cacheroute_dot_v1_dot_planner__pb2.RemoveEngineRequest.SerializeToString,
+            cacheroute_dot_v1_dot_planner__pb2.EngineChange.FromString,
             options,
             channel_credentials,
             insecure,
