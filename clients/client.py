@@ -390,6 +390,27 @@ class CacheRouteClient(_Base):
         return self._call(self._planners, "UnpinPlan", planner_pb2.UnpinPlanRequest(), idempotent=True,
                           timeout=timeout, metadata=self._auth())
 
+    # ---- the engine set (services/core/engines.py)
+
+    def list_engines(self, *, planned_keys: bool = False, known_version: int = 0,
+                     timeout: float | None = None) -> planner_pb2.EngineSet:
+        req = planner_pb2.ListEnginesRequest(known_version=known_version, planned_keys=planned_keys)
+        return self._call(self._planners, "ListEngines", req, idempotent=True, timeout=timeout)
+
+    def add_engine(self, address: str, engine_id: str = "", *, timeout: float | None = None) -> planner_pb2.EngineChange:
+        """A new engine (host:port or KIND+URL) in the next slot; ALREADY_EXISTS for one in use."""
+        req = planner_pb2.AddEngineRequest(address=address, id=engine_id)
+        return self._call(self._planners, "AddEngine", req, idempotent=False, timeout=timeout, metadata=self._auth())
+
+    def drain_engine(self, engine: str, *, timeout: float | None = None) -> planner_pb2.EngineChange:
+        """Stop placing keys on `engine` (id or address) and move its keys now."""
+        return self._call(self._planners, "DrainEngine", planner_pb2.DrainEngineRequest(engine=engine),
+                          idempotent=True, timeout=timeout, metadata=self._auth())
+
+    def remove_engine(self, engine: str, *, force: bool = False, timeout: float | None = None) -> planner_pb2.EngineChange:
+        return self._call(self._planners, "RemoveEngine", planner_pb2.RemoveEngineRequest(engine=engine, force=force),
+                          idempotent=True, timeout=timeout, metadata=self._auth())
+
 
 class AsyncCacheRouteClient(_Base):
     """The asyncio twin of CacheRouteClient (same arguments, awaitable methods).

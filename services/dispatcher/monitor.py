@@ -28,6 +28,13 @@ than answering 503 for everything (issue 20: a hanging /health emptied a cluster
 completions still worked). A replica that refuses connections or errors is down for real
 and ends panic mode for itself; panic mode ends as soon as one replica passes a poll.
 
+Engines that come and go (services/core/engines.py; the plan feed's EngineFeed follows the
+set): `add` opens a new slot's backend and polls it (it is out of rotation until the router
+has re-indexed the plan for it, `open_slot`); `close_slot` keeps a slot out of rotation
+whatever its polls say (a draining engine whose keys have left the plan); `retire` closes a
+removed engine's slot for good and stops polling it. Closed slots never count towards panic
+mode.
+
 Load of an HTTP engine without load gauges (kind `openai`, or a /metrics page without the
 kind's names) is the dispatcher's own count of requests it has open there.
 """
@@ -42,6 +49,7 @@ from typing import Callable, Sequence
 
 from services.backends import Backend, BackendDown, EngineStats, make_backend
 from services.dispatcher.router import Router
+from services.model import Replica
 from services.rpc import TLSFiles, every, kv, stop_tasks
 
 log = logging.getLogger("cacheroute.dispatcher.monitor")
@@ -73,6 +81,10 @@ class ReplicaMonitor:
         self.backends: list[Backend] = list(backends) if backends is not None else [
             make_backend(r.id, r.address, default_kind, tls=tls) for r in router.replicas]
         self.engines: list = []           # gRPC Engine stubs by replica index (None: an HTTP engine)
+        self.closed: set[int] = set()     # slots out of rotation whatever their polls say
+        self.retired: set[int] = set()    # removed engines: closed for good, never polled
+        self._tls = tls
+        self._default_kind = default_kind
         self._task: asyncio.Task | None = None
 
     def open(self) -> None:
@@ -93,11 +105,46 @@ class ReplicaMonitor:
     async def stop(self) -> None:
         await stop_tasks([self._task])
         self._task = None
-        for backend in self.backends:
-            await backend.close()
+        for i, backend in enumerate(self.backends):
+            if i not in self.retired:
+                await backend.close()
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(self._poll(i) for i in range(len(self.router.replicas))))
+        await asyncio.gather(*(self._poll(i) for i in range(len(self.backends)) if i not in self.retired))
+
+    # ---- engines that come and go (module header)
+
+    async def add(self, replica: Replica) -> int:
+        """A new slot for `replica` at the end, closed until `open_slot`; its index."""
+        backend = make_backend(replica.id, replica.address, self._default_kind, tls=self._tls)
+        opener = getattr(backend, "open_sync", None)
+        if opener is not None:
+            opener()
+        await backend.open()
+        i = self.router.add_replica(replica)       # no await since the backend opened: one step
+        self.backends.append(backend)
+        self.engines.append(getattr(backend, "engine", None))
+        for column, value in ((self._timeouts, 0), (self._held_until, 0.0), (self._failures, 0), (self._polled, "")):
+            column.append(value)
+        self.closed.add(i)
+        await self._poll(i)
+        return i
+
+    def open_slot(self, i: int) -> None:
+        """Slot `i` may route again (healthy from its next good poll)."""
+        if i not in self.retired:
+            self.closed.discard(i)
+
+    def close_slot(self, i: int, why: str) -> None:
+        self.closed.add(i)
+        self._set(i, False, why)
+
+    async def retire(self, i: int) -> None:
+        if i in self.retired:
+            return
+        self.retired.add(i)
+        self.close_slot(i, "removed from the engine set")
+        await self.backends[i].close()
 
     async def _poll(self, i: int) -> None:
         router = self.router
@@ -131,7 +178,7 @@ class ReplicaMonitor:
     def _settle_panic(self) -> bool:
         """Enter or leave panic mode (module header) after a poll result; True while in it."""
         now = time.monotonic()
-        free = [j for j, until in enumerate(self._held_until) if until <= now]
+        free = [j for j, until in enumerate(self._held_until) if until <= now and j not in self.closed]
         panic = bool(free) and all(self._polled[j] == "soft" for j in free)
         if panic:
             for j in free:
@@ -175,6 +222,8 @@ class ReplicaMonitor:
         self._set(i, False, why)
 
     def _set(self, i: int, healthy: bool, why: str) -> None:
+        if healthy and i in self.closed:
+            return
         if self.router.set_healthy(i, healthy):
             replica = self.router.replicas[i]
             log.log(logging.INFO if healthy else logging.WARNING, "replica %s", "up" if healthy else "down",

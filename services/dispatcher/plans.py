@@ -16,6 +16,17 @@ update as they are, and decodes, indexes and prepares them in one worker thread
 (Router.install). The same holds for a plan read from the store. An update naming the
 version already installed changes only the mode (plans are immutable per version).
 
+The engine set (services/core/engines.py) is followed the same way by `EngineFeed`: every
+`interval` (default 0.5 s) it asks the planner's ListEngines with the version it holds (an
+unchanged set costs one small answer), and reads the store when the planner does not answer.
+An engine the dispatcher does not know gets the next slot (ReplicaMonitor.add: polled at
+once) and the installed plan is prepared again for the grown slot count before the slot can
+route; a draining engine stays in rotation until the plan the dispatcher runs names it no
+more (the planner's drain step activates one that does not), or the mode is flat, and is
+then out of rotation while its in-flight requests finish; a removed engine's slot is retired.
+Slots follow the set's order, so dispatchers started with the same `--replicas` agree on
+them (and on the cold tail's ring) as engines come and go.
+
 After a large install the replaced plan's memory is handed back to the OS (glibc
 `malloc_trim`, in the worker thread): glibc raises its mmap threshold after freeing large
 blocks, so without it the next plans' arrays come from the heap and a replaced plan stays
@@ -36,8 +47,10 @@ from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services import codec
 from services.planwire import SliceAssembler
 from services.dispatcher.router import Prepared, Router
+from services.core.engines import ACTIVE, DRAINING, REMOVED, EngineSet
+from services.dispatcher.monitor import ReplicaMonitor
 from services.errors import ServiceError
-from services.model import Mode
+from services.model import Mode, Replica
 from services.rpc import Backoff, TLSFiles, aio_channel, kv, stop_tasks
 from services.store import Store
 
@@ -193,3 +206,157 @@ class PlanFeed:
         if before != (self.router.plan_version, flat):
             log.info("plan installed", extra=kv(version=self.router.plan_version, flat=flat, source=source,
                                                 event=event, keys=len(plan.table) if plan else 0))
+
+
+class EngineFeed:
+    """Follows the engine set (module header) into the router and the replica monitor."""
+
+    def __init__(self, router: Router, monitor: ReplicaMonitor, *, planner: str = "", store: Store | None = None,
+                 interval: float = 0.5, timeout: float = 2.0, tls: TLSFiles | None = None) -> None:
+        self.router = router
+        self.monitor = monitor
+        self.planner = planner
+        self.store = store
+        self.interval = interval
+        self.timeout = timeout
+        self.version = 0
+        self.engines = EngineSet()
+        self.draining: set[int] = set()
+        self._tls = tls
+        self._channel: grpc.aio.Channel | None = None
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self._skipped: set[str] = set()
+        self._plan_names: dict[tuple[int, str], bool] = {}     # (plan version, id) -> the plan places keys there
+
+    async def start(self) -> None:
+        if self.planner:
+            self._channel = aio_channel(self.planner, self._tls)
+        await self.step()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-feed")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await stop_tasks([self._task])
+        self._task = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.step()
+            except Exception:  # noqa: BLE001 - the feed must survive a bad step
+                log.exception("engine feed step failed")
+
+    async def step(self) -> None:
+        """One poll of the set, then the drain gate on the plan installed now."""
+        engines = await self._read()
+        if engines is not None and engines.version != self.version:
+            await self.apply(engines)
+        self.gate()
+
+    async def _read(self) -> EngineSet | None:
+        if self._channel is not None:
+            try:
+                answer = await planner_pb2_grpc.PlannerStub(self._channel).ListEngines(
+                    planner_pb2.ListEnginesRequest(known_version=self.version), timeout=self.timeout)
+                if answer.unchanged:
+                    return None
+                return EngineSet(answer.version, tuple(_engine(e) for e in answer.engines))
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return None                       # an older planner: a fixed engine set
+        if self.store is not None:
+            try:
+                return await self.store.get_engine_set()
+            except (ServiceError, ValueError, OSError) as exc:
+                log.warning("engine set read failed", extra=kv(error=str(exc)))
+        return None
+
+    async def apply(self, engines: EngineSet) -> None:
+        """New engines get slots; states become rotation (module header)."""
+        router, monitor = self.router, self.monitor
+        added = []
+        for engine in engines.engines:
+            i = router._index.get(engine.id)
+            if i is None:
+                if engine.state == REMOVED:
+                    continue
+                if not engine.address:
+                    if engine.id not in self._skipped:
+                        self._skipped.add(engine.id)
+                        log.warning("engine without an address left out", extra=kv(engine=engine.id))
+                    continue
+                i = await monitor.add(Replica(engine.id, engine.address))
+                added.append(i)
+            if engine.state == REMOVED:
+                self.draining.discard(i)
+                await monitor.retire(i)
+            elif engine.state == DRAINING:
+                self.draining.add(i)
+            elif engine.state == ACTIVE and i in self.draining:
+                self.draining.discard(i)
+                monitor.open_slot(i)
+        if added:
+            await self._reindex()
+            for i in added:
+                monitor.open_slot(i)
+            await monitor.poll_once()
+        self.version, self.engines = engines.version, engines
+        log.info("engine set followed", extra=kv(version=engines.version, slots=len(router.ids), added=len(added),
+                                                 draining=sorted(router.ids[i] for i in self.draining)))
+
+    async def _reindex(self) -> None:
+        """Prepare the installed plan again for the grown slot count (a plan the plan feed
+        installs meanwhile is prepared for it already: then nothing is left to do)."""
+        router = self.router
+        count = len(router.ids)
+        while True:
+            plan, flat, source = router.plan, router.flat, router.plan_source
+            prepared = await asyncio.to_thread(router.prepare, plan)
+            if router.plan is plan and len(router.ids) == count:
+                router.install(prepared, flat=router.flat if router.plan is plan else flat, source=source)
+                return
+            count = len(router.ids)
+
+    def gate(self) -> None:
+        """Draining slots out of rotation once the installed plan names them no more (or flat)."""
+        plan, router = self.router.plan, self.router
+        for i in sorted(self.draining):
+            rid = router.ids[i]
+            if router.flat or plan is None or not self._named(plan, rid):
+                if i not in self.monitor.closed:
+                    self.monitor.close_slot(i, "draining: no planned key left")
+            elif i in self.monitor.closed:
+                self.monitor.open_slot(i)
+
+    def _named(self, plan, rid: str) -> bool:
+        key = (plan.version, rid)
+        if key not in self._plan_names:
+            if len(self._plan_names) > 64:
+                self._plan_names.clear()
+            self._plan_names[key] = _plans_on(plan, rid)
+        return self._plan_names[key]
+
+
+def _plans_on(plan, replica_id: str) -> bool:
+    """Whether `plan` places any key (or prefix node) on `replica_id`."""
+    if replica_id not in plan.replica_ids:
+        return False
+    m = plan.replica_ids.index(replica_id)
+    table = plan.table
+    members = getattr(table, "members", None)
+    if members is not None:
+        found = bool((members == m).any())
+    else:
+        found = any(m in row for row in table.values())
+    return found or any(m in entry.replicas for entry in plan.prefixes.values())
+
+
+def _engine(info: planner_pb2.EngineInfo):
+    from services.core.engines import Engine
+
+    return Engine(info.slot, info.id, info.address, info.state, info.source, info.changed_at)

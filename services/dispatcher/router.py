@@ -265,6 +265,25 @@ class Router:
         self.state.healthy[i] = healthy
         return changed
 
+    def add_replica(self, replica: Replica) -> int:
+        """A new slot at the end (an engine added at run time, services/core/engines.py): every
+        per-replica column grows by one, the new one unhealthy. The installed policy keeps
+        routing over the slots it knows until the plan is prepared again for the new count
+        (the plan feed does that at once). Returns the slot."""
+        i = len(self.replicas)
+        self.replicas += (replica,)
+        self.ids += (replica.id,)
+        self._index[replica.id] = i
+        for column in (self.engine_prefill, self.local_prefill, self.engine_load, self.recent, self.outstanding,
+                       self.routed_to):
+            column.append(0)
+        self.engine_stats.append(None)
+        state = self.state
+        for column, value in ((state.in_flight, 0), (state.prefill_tokens, 0), (state.active_blocks, 0),
+                              (state.kv_usage, 0.0), (state.healthy, False)):
+            column.append(value)
+        return i
+
     def index_of(self, replica_id: str) -> int:
         return self._index[replica_id]
 

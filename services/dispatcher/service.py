@@ -14,7 +14,7 @@ from services.auth import KeyRing
 from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.http import HttpApi, HttpConfig
 from services.dispatcher.monitor import ReplicaMonitor
-from services.dispatcher.plans import PlanFeed
+from services.dispatcher.plans import EngineFeed, PlanFeed
 from services.dispatcher.router import Router
 from services.dispatcher.servicer import DispatcherServicer, KeyRules
 from services.dispatcher.telemetry import ArrivalReporter
@@ -107,6 +107,7 @@ class DispatcherService:
             self.store = RedisStore(config.redis_url)
         self.feed = PlanFeed(self.router, planner=config.planner, store=self.store, tls=tls,
                              backoff_max=config.plan_backoff_max, seed=config.seed)
+        self.engine_feed = EngineFeed(self.router, self.monitor, planner=config.planner, store=self.store, tls=tls)
         self.reporter = (ArrivalReporter(self.router, config.collector, config.dispatcher_id,
                                          interval=config.telemetry_interval, tls=tls,
                                          token=config.server.auth_token)
@@ -128,6 +129,7 @@ class DispatcherService:
     async def start(self) -> "DispatcherService":
         await self.monitor.start()
         await self.feed.start()
+        await self.engine_feed.start()
         metrics = RpcMetrics("dispatcher")
         metrics.registry.register(RouterMetrics(self.router))
         ring = data_plane_keys(self.config)
@@ -165,6 +167,7 @@ class DispatcherService:
             await self.http.stop()
         if self.ext_proc is not None:
             await self.ext_proc.stop(grace)
+        await self.engine_feed.stop()
         await self.feed.stop()
         if self.reporter is not None:
             await self.reporter.stop()
