@@ -140,6 +140,13 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         self._addresses = tuple(r.address for r in router.replicas)
         self._encoder = DecisionEncoder(self._ids, self._addresses)
 
+    def _follow_slots(self) -> None:
+        """Engines added at run time (services/core/engines.py) grow the router's slots."""
+        if len(self._ids) != len(self.router.ids):
+            self._ids = self.router.ids
+            self._addresses = tuple(r.address for r in self.router.replicas)
+            self._encoder.ids, self._encoder.addresses = self._ids, self._addresses
+
     def caller(self, context) -> str | None:
         """Whose budget a call draws on: its tenant (API keys), else its peer host; None for a
         holder of the deployment token, who may set the plan outright (BuildPlan with explicit
@@ -170,6 +177,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
 
     def _decision(self, pick, key: str) -> common_pb2.RouteDecision:
         i = pick.replica
+        self._follow_slots()
         return common_pb2.RouteDecision(replica_id=self._ids[i], address=self._addresses[i],
                                         plan_version=self.router.plan_version, reason=pick.reason, key=key)
 
@@ -199,6 +207,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
                 report=(granted, len(keys)) if granted < len(keys) else None)
         except NoHealthyReplica:
             raise Unavailable("no healthy replica") from None
+        self._follow_slots()
         wire = self._encoder.encode(picks, [key for key, _ in keys], version)
         return dispatcher_pb2.RouteBatchResponse.FromString(wire)
 
