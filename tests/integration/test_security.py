@@ -107,6 +107,9 @@ def test_every_control_rpc_needs_the_token_on_the_real_planner(redis_url):
                 "SetMode": planner_pb2.SetModeRequest(mode=common_pb2.MODE_FLAT),
                 "PinPlan": planner_pb2.PinPlanRequest(version=1), "UnpinPlan": planner_pb2.UnpinPlanRequest(),
                 "ShadowPlan": planner_pb2.ShadowPlanRequest(version=1),
+                "AddEngine": planner_pb2.AddEngineRequest(address="127.0.0.1:1"),
+                "DrainEngine": planner_pb2.DrainEngineRequest(engine="r1"),
+                "RemoveEngine": planner_pb2.RemoveEngineRequest(engine="r1", force=True),
                 "BuildPlanStream": [planner_pb2.BuildPlanRequest(rates=[planner_pb2.KeyRate(key="k", rate=3)],
                                                                  activate=True)]}   # client-streaming
     assert set(requests) == PROTECTED
