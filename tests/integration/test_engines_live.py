@@ -208,3 +208,33 @@ def test_discovery_follows_a_dns_name_and_the_cli_lists_the_set(redis_url):
     listed = json.loads(out["cli"].stdout)
     assert [e["id"] for e in listed["engines"]][:2] == ["e0", "e1"] and listed["version"] == out["set"].version
     assert out["bad"].returncode == 2 and out["bad"].stderr.strip() == "cacheroute: error: NOT_FOUND: no engine 'nope'"
+
+
+def test_bad_engine_requests_get_clear_statuses(redis_url):
+    async def main():
+        planner = await PlannerService(planner_config(redis_url, {"e0": "127.0.0.1:1"})).start()
+        out = {}
+        try:
+            async with grpc.aio.insecure_channel(planner.address) as ch:
+                stub = planner_pb2_grpc.PlannerStub(ch)
+                calls = {"url for a grpc engine": stub.AddEngine(pb.AddEngineRequest(address="http://x:1"), timeout=5),
+                         "no address": stub.AddEngine(pb.AddEngineRequest(address=""), timeout=5),
+                         "bad id": stub.AddEngine(pb.AddEngineRequest(address="127.0.0.1:2", id="a b"), timeout=5),
+                         "no engine": stub.DrainEngine(pb.DrainEngineRequest(engine=" "), timeout=5),
+                         "last active": stub.DrainEngine(pb.DrainEngineRequest(engine="e0"), timeout=5),
+                         "unknown": stub.RemoveEngine(pb.RemoveEngineRequest(engine="zz"), timeout=5)}
+                for name, call in calls.items():
+                    try:
+                        await call
+                        out[name] = "OK"
+                    except grpc.aio.AioRpcError as err:
+                        out[name] = err.code().name
+                out["version"] = (await stub.ListEngines(pb.ListEnginesRequest(), timeout=5)).version
+        finally:
+            await planner.stop(0)
+        return out
+
+    out = asyncio.run(main())
+    assert out == {"url for a grpc engine": "INVALID_ARGUMENT", "no address": "INVALID_ARGUMENT",
+                   "bad id": "INVALID_ARGUMENT", "no engine": "INVALID_ARGUMENT", "last active": "FAILED_PRECONDITION",
+                   "unknown": "NOT_FOUND", "version": 1}
