@@ -31,12 +31,13 @@ after the last steady plan (the previous plan is released when the next is insta
         [--replicas 32] [--dispatchers 2] [--steady 2] [--cpu [--profile N]]
 
 `--cpu`: the planner's steps only, in this process (no planner or dispatcher processes, so
-no "routed"), each timed in process CPU seconds (`time.process_time`: every thread of this
-process, the window read's worker thread included; Redis's own CPU is not counted), which
-the machine's other load affects far less than wall time. Two more steps are timed: "load",
-decoding the stored plan back (what a planner that did not build the version does before
-publishing it), and "publish", the planner's WatchPlans work for a version (the table in
-columns, `codec.table_columns`, and its slices, `planwire.plan_chunks`, at 8 MiB).
+no "routed"), in the control loop's order (`propose`: read, load = the store's
+get_active_plan, build, decide, write, activate), each timed in process CPU seconds
+(`time.process_time`: every thread of this process, the window read's worker thread
+included; Redis's own CPU is not counted), which the machine's other load affects far less
+than wall time. Beside the interval, "publish": the planner's WatchPlans work for the new
+version (the store's get_plan, the table in columns, `codec.table_columns`, and its slices,
+`planwire.plan_chunks`, at 8 MiB).
 `--profile N` adds, per step, the N functions with the most own time (cProfile; the window
 read then runs inline rather than in its worker thread, so the profiler sees it).
 """
@@ -316,7 +317,7 @@ def report(r: dict) -> None:
               f"(+{b - a:.0f} MiB), {c:.0f} MiB after {len(r['intervals']) - 1} more")
 
 
-CPU_STEPS = ("read", "build", "decide", "write", "activate", "load", "publish")
+CPU_STEPS = ("read", "load", "build", "decide", "write", "activate", "publish")
 
 
 class CpuClock:
@@ -353,12 +354,14 @@ class CpuClock:
 
 
 async def cpu_interval(store: RedisStore, replicas: list[str], q_cap: float, warm: int, now: float,
-                       active, last_switch: float, profile: int) -> tuple[CpuClock, object]:
-    """The planner's steps of one interval, each in process CPU seconds (module header)."""
+                       last_switch: float, profile: int) -> tuple[CpuClock, object]:
+    """The planner's steps of one interval in the control loop's order (services.planner.candidate
+    `propose`), each in process CPU seconds (module header)."""
     from services import codec, planwire
 
     clock = CpuClock(profile)
     snap = await clock.step("read", store.window_rates, now, WINDOW)
+    _, active = await clock.step("load", store.get_active_plan)
 
     async def build():
         version = await store.next_version()
@@ -372,12 +375,16 @@ async def cpu_interval(store: RedisStore, replicas: list[str], q_cap: float, war
     await clock.step("write", store.put_plan, plan)
     await clock.step("activate", store.activate, plan.version, expected=active.version if active else 0, now=now,
                      reason="bench")
-    stored = await clock.step("load", store.get_plan, plan.version)
-    assert len(stored.table) == len(plan.table)
-    budget = planwire.budget_for(8 * 1024 * 1024)
-    await clock.step("publish", lambda: planwire.plan_chunks(plan, budget, codec.table_columns(plan)))
-    clock.cpu["interval"] = sum(clock.cpu[k] for k in CPU_STEPS[:5])
-    clock.wall["interval"] = sum(clock.wall[k] for k in CPU_STEPS[:5])
+
+    async def publish():
+        published = await store.get_plan(plan.version)      # what the servicer pages from
+        assert len(published.table) == len(plan.table)
+        budget = planwire.budget_for(8 * 1024 * 1024)
+        return planwire.plan_chunks(published, budget, codec.table_columns(published))
+
+    await clock.step("publish", publish)
+    clock.cpu["interval"] = sum(clock.cpu[k] for k in CPU_STEPS[:6])
+    clock.wall["interval"] = sum(clock.wall[k] for k in CPU_STEPS[:6])
     clock.cpu["table"] = len(plan.table)
     clock.cpu["churn"] = plan.churn or 0.0
     return clock, plan
@@ -403,15 +410,15 @@ async def run_cpu(n_keys: int, args: argparse.Namespace) -> dict:
         q_cap = 1.2 * arrivals / WINDOW / len(replicas)
         store = RedisStore(redis.url, telemetry=cfg, timeout=300)     # a fresh planner: cold cache
         results = []
-        clock, plan = await cpu_interval(store, replicas, q_cap, warm, now, None, 0.0, args.profile)
+        clock, plan = await cpu_interval(store, replicas, q_cap, warm, now, 0.0, args.profile)
         results.append(("first", clock))
-        active, last_switch = plan, now
+        last_switch = now
         for k in range(args.steady):
             await churn_newest(writer, n_keys, last, seed=100 + k)
             now += 0.001
-            clock, plan = await cpu_interval(store, replicas, q_cap, warm, now, active, last_switch, args.profile)
+            clock, plan = await cpu_interval(store, replicas, q_cap, warm, now, last_switch, args.profile)
             results.append((f"steady-{k + 1}", clock))
-            active, last_switch = plan, now
+            last_switch = now
         await store.close()
         await writer.close()
     return {"keys": n_keys, "fill": args.fill, "fields": fields, "fill_s": fill_s, "seal_s": sealing,
@@ -422,12 +429,13 @@ def report_cpu(r: dict) -> None:
     print(f"\n{r['keys']:,} keys, fill {r['fill']} ({r['fields']:,} counts over 31 buckets, filled in "
           f"{r['fill_s']:.1f} s); process CPU seconds per step (wall in brackets: interval only); load average "
           f"{r['load'][0]:.2f} at the start, {r['load'][1]:.2f} at the end")
-    cols = CPU_STEPS[:5] + ("interval",) + CPU_STEPS[5:]
+    cols = CPU_STEPS[:6] + ("interval",) + CPU_STEPS[6:]
     print(f"{'interval':<10}" + "".join(f"{c:>10}" for c in cols) + f"{'wall':>9}{'churn':>8}{'table':>10}")
     for name, clock in r["intervals"]:
         print(f"{name:<10}" + "".join(f"{clock.cpu[c]:>9.3f}s" for c in cols)
               + f"{clock.wall['interval']:>8.2f}s{clock.cpu['churn']:>8.3f}{int(clock.cpu['table']):>10,}")
-    print("interval: read + build + decide + write + activate (the planner's own steps); load and publish beside it")
+    print("interval: read + load + build + decide + write + activate (the loop's steps: `load` is the store's "
+          "get_active_plan); publish beside it (get_plan, columns, slices: the servicer's WatchPlans work)")
     for name, clock in r["intervals"]:
         for step, text in clock.profiles.items():
             print(f"\n--- {name} / {step} (cProfile, by own time)\n{text}")
