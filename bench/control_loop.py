@@ -28,7 +28,18 @@ Dispatcher memory per plan: VmRSS of each dispatcher before the first plan, afte
 after the last steady plan (the previous plan is released when the next is installed).
 
     .venv/bin/python bench/control_loop.py [--keys 128824,1000000] [--fill spread|every]
-        [--replicas 32] [--dispatchers 2] [--steady 2]
+        [--replicas 32] [--dispatchers 2] [--steady 2] [--cpu [--profile N]]
+
+`--cpu`: the planner's steps only, in this process (no planner or dispatcher processes, so
+no "routed"), in the control loop's order (`propose`: read, load = the store's
+get_active_plan, build, decide, write, activate), each timed in process CPU seconds
+(`time.process_time`: every thread of this process, the window read's worker thread
+included; Redis's own CPU is not counted), which the machine's other load affects far less
+than wall time. Beside the interval, "publish": the planner's WatchPlans work for the new
+version (the store's get_plan, the table in columns, `codec.table_columns`, and its slices,
+`planwire.plan_chunks`, at 8 MiB).
+`--profile N` adds, per step, the N functions with the most own time (cProfile; the window
+read then runs inline rather than in its worker thread, so the profiler sees it).
 """
 
 from __future__ import annotations
@@ -306,6 +317,130 @@ def report(r: dict) -> None:
               f"(+{b - a:.0f} MiB), {c:.0f} MiB after {len(r['intervals']) - 1} more")
 
 
+CPU_STEPS = ("read", "load", "build", "decide", "write", "activate", "publish")
+
+
+class CpuClock:
+    """Per-step process CPU seconds (and wall seconds beside them); with `profile` > 0 a
+    cProfile of each step, its `profile` costliest functions by own time kept as text."""
+
+    def __init__(self, profile: int = 0) -> None:
+        self.cpu: dict[str, float] = {}
+        self.wall: dict[str, float] = {}
+        self.profiles: dict[str, str] = {}
+        self.profile = profile
+
+    async def step(self, name: str, coro_fn, *args, **kwargs):
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile() if self.profile else None
+        w, c = time.perf_counter(), time.process_time()
+        if prof is not None:
+            prof.enable()
+        out = coro_fn(*args, **kwargs)
+        if asyncio.iscoroutine(out):
+            out = await out
+        if prof is not None:
+            prof.disable()
+        self.cpu[name] = time.process_time() - c
+        self.wall[name] = time.perf_counter() - w
+        if prof is not None:
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(self.profile)
+            self.profiles[name] = buf.getvalue()
+        return out
+
+
+async def cpu_interval(store: RedisStore, replicas: list[str], q_cap: float, warm: int, now: float,
+                       last_switch: float, profile: int) -> tuple[CpuClock, object]:
+    """The planner's steps of one interval in the control loop's order (services.planner.candidate
+    `propose`), each in process CPU seconds (module header)."""
+    from services import codec, planwire
+
+    clock = CpuClock(profile)
+    snap = await clock.step("read", store.window_rates, now, WINDOW)
+    _, active = await clock.step("load", store.get_active_plan)
+
+    async def build():
+        version = await store.next_version()
+        inputs = BuildInputs.from_snapshot(snap, replicas, q_cap, warm)
+        return inputs, build_candidate(inputs, active, version=version, created_at=now, incremental=True)
+
+    inputs, candidate = await clock.step("build", build)
+    decision = await clock.step("decide", decide, active, candidate, inputs, now=now, last_switch_at=last_switch,
+                                config=None)
+    plan = dataclasses.replace(candidate, decision=dataclasses.replace(decision, switch=True))
+    await clock.step("write", store.put_plan, plan)
+    await clock.step("activate", store.activate, plan.version, expected=active.version if active else 0, now=now,
+                     reason="bench")
+
+    async def publish():
+        published = await store.get_plan(plan.version)      # what the servicer pages from
+        assert len(published.table) == len(plan.table)
+        budget = planwire.budget_for(8 * 1024 * 1024)
+        return planwire.plan_chunks(published, budget, codec.table_columns(published))
+
+    await clock.step("publish", publish)
+    clock.cpu["interval"] = sum(clock.cpu[k] for k in CPU_STEPS[:6])
+    clock.wall["interval"] = sum(clock.wall[k] for k in CPU_STEPS[:6])
+    clock.cpu["table"] = len(plan.table)
+    clock.cpu["churn"] = plan.churn or 0.0
+    return clock, plan
+
+
+async def run_cpu(n_keys: int, args: argparse.Namespace) -> dict:
+    """--cpu: the fill of `run_one`, then the planner's steps in process, timed in CPU seconds."""
+    cfg = TelemetryConfig(bucket_seconds=BUCKET, retention_seconds=3600)
+    replicas = [f"r{i}" for i in range(args.replicas)]
+    warm = math.ceil(n_keys / args.replicas)
+    load0 = os.getloadavg()[0]
+    if args.profile:
+        async def inline(fn, /, *a, **k):     # the profiler sees only the thread it runs in
+            return fn(*a, **k)
+        asyncio.to_thread = inline
+    with RedisProcess() as redis:
+        writer = RedisStore(redis.url, telemetry=cfg, timeout=300)
+        now = time.time()
+        first, last = cfg.bucket(now - WINDOW), cfg.bucket(now)
+        s = time.perf_counter()
+        fields, arrivals, sealing = await fill(writer, n_keys, args.fill, first, last, now)
+        fill_s = time.perf_counter() - s
+        q_cap = 1.2 * arrivals / WINDOW / len(replicas)
+        store = RedisStore(redis.url, telemetry=cfg, timeout=300)     # a fresh planner: cold cache
+        results = []
+        clock, plan = await cpu_interval(store, replicas, q_cap, warm, now, 0.0, args.profile)
+        results.append(("first", clock))
+        last_switch = now
+        for k in range(args.steady):
+            await churn_newest(writer, n_keys, last, seed=100 + k)
+            now += 0.001
+            clock, plan = await cpu_interval(store, replicas, q_cap, warm, now, last_switch, args.profile)
+            results.append((f"steady-{k + 1}", clock))
+            last_switch = now
+        await store.close()
+        await writer.close()
+    return {"keys": n_keys, "fill": args.fill, "fields": fields, "fill_s": fill_s, "seal_s": sealing,
+            "load": (load0, os.getloadavg()[0]), "intervals": results}
+
+
+def report_cpu(r: dict) -> None:
+    print(f"\n{r['keys']:,} keys, fill {r['fill']} ({r['fields']:,} counts over 31 buckets, filled in "
+          f"{r['fill_s']:.1f} s); process CPU seconds per step (wall in brackets: interval only); load average "
+          f"{r['load'][0]:.2f} at the start, {r['load'][1]:.2f} at the end")
+    cols = CPU_STEPS[:6] + ("interval",) + CPU_STEPS[6:]
+    print(f"{'interval':<10}" + "".join(f"{c:>10}" for c in cols) + f"{'wall':>9}{'churn':>8}{'table':>10}")
+    for name, clock in r["intervals"]:
+        print(f"{name:<10}" + "".join(f"{clock.cpu[c]:>9.3f}s" for c in cols)
+              + f"{clock.wall['interval']:>8.2f}s{clock.cpu['churn']:>8.3f}{int(clock.cpu['table']):>10,}")
+    print("interval: read + load + build + decide + write + activate (the loop's steps: `load` is the store's "
+          "get_active_plan); publish beside it (get_plan, columns, slices: the servicer's WatchPlans work)")
+    for name, clock in r["intervals"]:
+        for step, text in clock.profiles.items():
+            print(f"\n--- {name} / {step} (cProfile, by own time)\n{text}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=lambda t: [int(x) for x in t.split(",")], default=[128_824, 1_000_000])
@@ -313,9 +448,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=32)
     ap.add_argument("--dispatchers", type=int, default=2)
     ap.add_argument("--steady", type=int, default=2)
+    ap.add_argument("--cpu", action="store_true", help="the planner's steps in process, in CPU seconds")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="with --cpu: the N costliest functions of each step (cProfile)")
     args = ap.parse_args(argv)
+    if args.profile and not args.cpu:
+        ap.error("--profile needs --cpu")
     for n in args.keys:
-        report(asyncio.run(run_one(n, args)))
+        if args.cpu:
+            report_cpu(asyncio.run(run_cpu(n, args)))
+        else:
+            report(asyncio.run(run_one(n, args)))
     return 0
 
 

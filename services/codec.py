@@ -22,6 +22,7 @@ import itertools
 import math
 import os
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping
 
 import numpy as np
@@ -53,6 +54,12 @@ _SHADOW_FLOATS = frozenset(f.name for f in dataclasses.fields(ShadowReport) if f
 def _floats_back(fields: dict) -> dict:
     return {k: (float(v) if k in _SHADOW_FLOATS and isinstance(v, str) else v) for k, v in fields.items()}
 
+def _plain(mapping: Mapping) -> dict:
+    """A dict copy of a plan's mapping: a mappingproxy's own copy() copies its dict in C,
+    some 20x faster than dict(proxy), which goes through the mapping protocol per key."""
+    return mapping.copy() if isinstance(mapping, (dict, MappingProxyType)) else dict(mapping)
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -62,8 +69,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "replicas": list(plan.replica_ids),
         "q_cap": plan.q_cap,
         "warm_slots": plan.warm_slots,
-        "table": {key: list(row) for key, row in plan.table.items()},
-        "rates": dict(plan.rates),
+        "table": _plain(plan.table),     # rows are tuples: orjson writes them as arrays (no list per key)
+        "rates": _plain(plan.rates),
         "expected_load": list(plan.expected_load),
         "predicted_imbalance": plan.predicted_imbalance,
         "total_keys": plan.total_keys,

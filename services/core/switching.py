@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -215,6 +215,21 @@ def queueing(loads: list[float], q_cap: float, cap: float) -> float:
     return math.fsum(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class WindowColumns:
+    """The window's rates and prefix tokens in columns, aligned with `keys` (distinct): what
+    `decide_switch_window` reads for the keys of both tables through one key -> position dict
+    (a dict of rates and one of tokens cost one build and one lookup pass each). A key outside
+    the window has rate 0 and the default prefix tokens, as with mappings."""
+
+    keys: Sequence[str]
+    rates: np.ndarray          # float64
+    tokens: np.ndarray         # float64
+
+    def positions(self, keys: Sequence[str], index: dict[str, int]) -> np.ndarray:
+        return np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+
+
 @dataclass(slots=True)
 class _Pair:
     """The two plans of one decision in columns, with the current rates and prefix tokens."""
@@ -250,6 +265,36 @@ class _Pair:
             else:
                 tok_a[rest] = float(prefix_tokens)
         return cls(a, c, align, lam_a, lam_c, tok_a, tok_c, total)
+
+    @classmethod
+    def of_window(cls, active: Plan, candidate: Plan, window: WindowColumns, config: "SwitchConfig") -> "_Pair":
+        """The same pair from window columns: both tables' keys looked up once in one index, the
+        alignment through window positions (a candidate key outside the window: by dict)."""
+        a, c = _View(active), _View(candidate)
+        rates = np.asarray(window.rates, dtype=np.float64)
+        tokens = np.asarray(window.tokens, dtype=np.float64)
+        if rates.shape != (len(window.keys),) or tokens.shape != rates.shape:
+            raise ValueError(f"window of {len(window.keys)} keys has {rates.size} rates, {tokens.size} prefix tokens")
+        index = dict(zip(window.keys, range(len(window.keys))))
+        c_pos, a_pos = window.positions(c.keys, index), window.positions(a.keys, index)
+        if (c_pos < 0).any():
+            align = _Align.of(a, c)
+        else:                                      # a key in both tables has one window position
+            at = np.full(len(window.keys) + 1, -1, dtype=np.int64)     # active keys outside the window land in at[-1]
+            at[a_pos] = np.arange(len(a_pos), dtype=np.int64)
+            c_in_a = at[c_pos]
+            a_in_c = np.full(len(a.keys), -1, dtype=np.int64)
+            hit = np.flatnonzero(c_in_a >= 0)
+            a_in_c[c_in_a[hit]] = hit
+            align = _Align(c_in_a, a_in_c)
+
+        def column(values: np.ndarray, pos: np.ndarray, missing: float) -> np.ndarray:
+            return np.where(pos >= 0, values[pos], missing) if len(values) else np.full(len(pos), missing)
+
+        total = _fsum(rates)
+        return cls(a, c, align, column(rates, a_pos, 0.0), column(rates, c_pos, 0.0),
+                   column(tokens, a_pos, config.default_prefix_tokens),
+                   column(tokens, c_pos, config.default_prefix_tokens), total)
 
 
 def _staleness(pair: _Pair, prefix_tokens: Mapping[str, float] | float, config: SwitchConfig) -> Staleness:
@@ -346,10 +391,26 @@ def decide_switch(active: Plan | None, candidate: Plan, rates: Mapping[str, floa
     """Keep or switch (module header); the figures and a one-line reason go into the decision."""
     if active is None:
         return SwitchDecision(True, "no active plan", churn=1.0)
+    return _decide(active, candidate, _Pair.of(active, candidate, rates, prefix_tokens, config), prefix_tokens,
+                   now=now, last_switch_at=last_switch_at, config=config)
+
+
+def decide_switch_window(active: Plan | None, candidate: Plan, window: WindowColumns, *, now: float,
+                         last_switch_at: float, config: SwitchConfig = SwitchConfig()) -> SwitchDecision:
+    """`decide_switch` with the window's rates and prefix tokens in columns (`WindowColumns`):
+    the same decision as with dict(zip(keys, rates)) and dict(zip(keys, tokens)), for fewer
+    passes over the keys."""
+    if active is None:
+        return SwitchDecision(True, "no active plan", churn=1.0)
+    return _decide(active, candidate, _Pair.of_window(active, candidate, window, config), {},
+                   now=now, last_switch_at=last_switch_at, config=config)
+
+
+def _decide(active: Plan, candidate: Plan, pair: _Pair, prefix_tokens: Mapping[str, float] | float, *,
+            now: float, last_switch_at: float, config: SwitchConfig) -> SwitchDecision:
     # a candidate built from `active` already carries plan_diff(active, candidate).churn
     churn = (candidate.churn if candidate.churn is not None and candidate.parent_version == active.version
              else plan_diff(active, candidate).churn)
-    pair = _Pair.of(active, candidate, rates, prefix_tokens, config)
     stale = _staleness(pair, prefix_tokens, config)
     rewarm = _rewarm(pair, config)
 

@@ -18,7 +18,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from services.rpc.channels import channel_options
+from services.rpc.channels import channel_options, server_keepalive_options
 from services.rpc.config import ServerConfig
 from services.rpc.interceptor import ServiceInterceptor
 from services.rpc.logs import kv, setup_logging
@@ -96,7 +96,8 @@ async def start_server(
     server = grpc.aio.server(
         interceptors=[ServiceInterceptor(config.auth_token, frozenset(protected_methods), metrics,
                                          frozenset(audited_methods), keyring, frozenset(keyring_methods))],
-        options=channel_options(config.max_message_bytes) + [("grpc.so_reuseport", int(config.reuse_port))],
+        options=channel_options(config.max_message_bytes) + server_keepalive_options()
+        + [("grpc.so_reuseport", int(config.reuse_port))],
         maximum_concurrent_rpcs=None,
     )
     for add, servicer in servicers:

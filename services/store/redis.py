@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections import OrderedDict
 from importlib import resources
 from typing import AsyncIterator, Iterable, Sequence
 
@@ -133,6 +134,7 @@ class RedisStore(Store):
         self._seen_version = 0   # highest version seen in the store (reset detection, no reuse)
         self.unreplicated_writes = 0   # plan writes whose WAIT saw fewer replicas than asked
         self._cluster_ready = False
+        self._decoded: OrderedDict[int, tuple[bytes, int, Plan]] = OrderedDict()   # version -> summary, size, plan
         self._windows = BucketCache()
         self._window_lock = asyncio.Lock()   # one window read at a time (the cache is shared)
         self._sync = None                    # blocking client of window reads (worker thread)
@@ -392,8 +394,11 @@ class RedisStore(Store):
 
     # ---- plans
 
+    DECODED_PLANS = 2    # decoded plans kept: the active one and the newest (a million keys: ~0.3 GB each)
+
     def _observe_versions(self, counter: int) -> None:
         if counter < self._seen_version:
+            self._decoded.clear()
             self.on_reset(self._seen_version, counter)
         self._seen_version = max(self._seen_version, counter)
 
@@ -413,13 +418,41 @@ class RedisStore(Store):
             if not await self._plan_write(self._put_plan, keys, [v, blob, summary]):
                 raise FailedPrecondition(f"plan version {v} already exists")
         self._observe_versions(v)
+        self._keep_decoded(v, summary, len(blob), plan)
+
+    def _keep_decoded(self, version: int, summary: bytes, size: int, plan: Plan) -> None:
+        self._decoded[version] = (summary, size, plan)
+        self._decoded.move_to_end(version)
+        while len(self._decoded) > self.DECODED_PLANS:
+            self._decoded.popitem(last=False)
 
     async def get_plan(self, version: int) -> Plan:
+        # Plans are immutable, so one this store wrote or decoded is handed back as it is (the
+        # control loop reads the active plan every interval: a million keys are seconds of
+        # JSON) once its summary and its size in Redis still match: a pruned version, or one
+        # reused after the store lost its state, is read and decoded again.
+        plan_key, summary_key = self._p(f"plan:{version}"), self._p(f"summary:{version}")
         async with self._guard():
-            blob = await self._redis.get(self._p(f"plan:{version}"))
+            kept = self._decoded.get(version)
+            if kept is not None:
+                pipe = self._redis.pipeline(transaction=False)
+                pipe.get(summary_key)
+                pipe.strlen(plan_key)
+                summary, size = await pipe.execute()
+                if (summary, size) == kept[:2]:
+                    self._decoded.move_to_end(version)
+                    return kept[2]
+                del self._decoded[version]
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.get(plan_key)
+            pipe.get(summary_key)
+            blob, summary = await pipe.execute()
         if blob is None:
             raise NotFound(f"plan version {version} not found")
-        return decode_plan(blob)
+        plan = decode_plan(blob)
+        if summary is not None:
+            self._keep_decoded(version, summary, len(blob), plan)
+        return plan
 
     async def list_plans(self, limit: int = 20, before_version: int = 0) -> list[Plan]:
         top = f"({before_version}" if before_version > 0 else "+inf"

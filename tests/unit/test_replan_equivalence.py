@@ -167,3 +167,38 @@ def test_an_empty_candidate_against_a_full_active_plan():
     for a, c in ((active, empty), (empty, active)):
         new, old = _decisions(a, c, rate_map, {keys[0]: 10.0}, 1000.0, 0.0)
         assert new == old
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_the_rule_on_window_columns_matches_the_reference(case):
+    """decide_switch_window (the loop's: the window's rates and tokens in columns, one index)
+    decides what the per-key reference decides with the same rates and tokens as dicts, for
+    candidates inside the window and for one holding a key outside it."""
+    n, ids, q_cap, warm, tol, max_moves, _ = CASES[case]
+    keys, rates, rng = workload(n, 7)
+    active = build_plan(keys, rates, IDS, q_cap, warm, version=1)
+    keys2, rates2 = drift(keys, rates, rng)              # some active keys left the window, some are new
+    tokens2 = rng.integers(0, 4000, len(keys2)).astype(np.float64)
+    window = switching.WindowColumns(keys2, rates2, tokens2)
+    rate_map, token_map = dict(zip(keys2, rates2.tolist())), dict(zip(keys2, tokens2.tolist()))
+    outside = build_plan(keys2, rates2, ids, q_cap, warm, version=2)
+    dropped = next(k for k in active.table if k not in rate_map)     # in the active plan, not in the window
+    outside = dataclasses.replace(outside, table={**outside.table, "not-in-the-window": (0,),
+                                                  dropped: (0,)})
+    candidates = [
+        replan.replan_incremental(active, keys2, rates2, ids, q_cap, warm, version=2, tolerance=tol,
+                                  max_moves=max_moves),
+        build_plan(keys2, rates2, ids, q_cap, warm, version=2),
+        outside,
+    ]
+    old_cfg = switching_v1.SwitchConfig()
+    for cand in candidates:
+        for now, last in ((1000.0, 0.0), (1000.0, 990.0)):
+            got = switching.decide_switch_window(active, cand, window, now=now, last_switch_at=last)
+            want = switching_v1.decide_switch(active, cand, rate_map, token_map, now=now, last_switch_at=last,
+                                              config=old_cfg)
+            assert got == want
+    assert switching.decide_switch_window(None, candidates[0], window, now=1.0, last_switch_at=0.0).switch
+    empty = switching.WindowColumns([], np.zeros(0), np.zeros(0))
+    assert switching.decide_switch_window(active, candidates[1], empty, now=1000.0, last_switch_at=0.0) == \
+        switching_v1.decide_switch(active, candidates[1], {}, {}, now=1000.0, last_switch_at=0.0, config=old_cfg)
