@@ -73,6 +73,53 @@ from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
 from services.rpc import add_server_flags, env, env_number, run_service, server_config, setup_logging
 
 
+def add_http_flags(parser: argparse.ArgumentParser) -> None:
+    """The OpenAI HTTP API's flags and the engine credentials (services/dispatcher/http.py, services/auth.py)."""
+    h = parser.add_argument_group("OpenAI HTTP API")
+    h.add_argument("--http-port", type=int, default=env_number("HTTP_PORT", "8080", int),
+                   help="-1 = off, 0 = ephemeral (env CACHEROUTE_HTTP_PORT, default 8080)")
+    h.add_argument("--http-max-body-bytes", type=int, default=env_number("HTTP_MAX_BODY_BYTES", str(8 * 1024 * 1024), int))
+    h.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "32768", int))
+    h.add_argument("--upstream-timeout", type=float, default=env_number("UPSTREAM_TIMEOUT", "600", float))
+    h.add_argument("--max-tenant-requests", type=int, default=env_number("MAX_TENANT_REQUESTS", "0", int),
+                   help="open completions per tenant, over it 429; 0 = no cap (env CACHEROUTE_MAX_TENANT_REQUESTS, "
+                        "default 0)")
+    h.add_argument("--tenant-cache-salt", action="store_true",
+                   default=os.environ.get("CACHEROUTE_TENANT_CACHE_SALT", "") not in ("", "0", "false"),
+                   help="send vllm replicas a per-tenant cache_salt so tenants never share cached prefixes "
+                        "(env CACHEROUTE_TENANT_CACHE_SALT, default off)")
+    h.add_argument("--first-byte-timeout", type=float, default=env_number("FIRST_BYTE_TIMEOUT", "60", float),
+                   help="seconds to an engine's headers and a stream's first event, else 504 and a failure "
+                        "(env CACHEROUTE_FIRST_BYTE_TIMEOUT, default 60)")
+    h.add_argument("--eject-seconds", type=float, default=env_number("EJECT_SECONDS", "5", float))
+    h.add_argument("--eject-after", type=int, default=env_number("EJECT_AFTER", "3", int))
+    h.add_argument("--max-ejected-fraction", type=float, default=env_number("MAX_EJECTED_FRACTION", "0.5", float))
+    h.add_argument("--connect-timeout", type=float, default=env_number("CONNECT_TIMEOUT", "3", float))
+    h.add_argument("--client-write-timeout", type=float, default=env_number("CLIENT_WRITE_TIMEOUT", "30", float),
+                   help="seconds a client may take no write of its stream before it is dropped and its engine "
+                        "request cancelled (env CACHEROUTE_CLIENT_WRITE_TIMEOUT, default 30)")
+    c = parser.add_argument_group("engine credentials")
+    c.add_argument("--engine-api-key", default=env("ENGINE_API_KEY") or None,
+                   help="API key sent to every HTTP engine (env CACHEROUTE_ENGINE_API_KEY)")
+    c.add_argument("--engine-api-keys-file", default=env("ENGINE_API_KEYS_FILE") or None,
+                   help="file of `URL KEY` lines, or a `KEY` line for the rest (env CACHEROUTE_ENGINE_API_KEYS_FILE)")
+    c.add_argument("--forward-client-auth", action="store_true",
+                   default=os.environ.get("CACHEROUTE_FORWARD_CLIENT_AUTH", "") not in ("", "0", "false"),
+                   help="send the client's Authorization to HTTP engines (env CACHEROUTE_FORWARD_CLIENT_AUTH, "
+                        "default off)")
+
+
+def http_config(args: argparse.Namespace) -> HttpConfig:
+    return HttpConfig(host=args.host, port=args.http_port, max_body_bytes=args.http_max_body_bytes,
+                      max_output_tokens=args.max_output_tokens, upstream_timeout=args.upstream_timeout,
+                      first_byte_timeout=args.first_byte_timeout, max_tenant_requests=args.max_tenant_requests,
+                      tenant_cache_salt=args.tenant_cache_salt,
+                      eject_seconds=args.eject_seconds, eject_after=args.eject_after,
+                      max_ejected_fraction=args.max_ejected_fraction, connect_timeout=args.connect_timeout,
+                      key_tokens=args.key_tokens, client_write_timeout=args.client_write_timeout,
+                      forward_client_auth=args.forward_client_auth)
+
+
 def parse_args(argv: list[str] | None) -> DispatcherConfig:
     parser = argparse.ArgumentParser(prog="cacheroute serve dispatcher", description="A stateless dispatcher.",
                                      epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,38 +155,7 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--workers", type=int, default=env_number("WORKERS", "1", int),
                    help="worker processes sharing the ports, 0 = one per core (env CACHEROUTE_WORKERS, default 1)")
     g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)   # set by the supervisor
-    h = parser.add_argument_group("OpenAI HTTP API")
-    h.add_argument("--http-port", type=int, default=env_number("HTTP_PORT", "8080", int),
-                   help="-1 = off, 0 = ephemeral (env CACHEROUTE_HTTP_PORT, default 8080)")
-    h.add_argument("--http-max-body-bytes", type=int, default=env_number("HTTP_MAX_BODY_BYTES", str(8 * 1024 * 1024), int))
-    h.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "32768", int))
-    h.add_argument("--upstream-timeout", type=float, default=env_number("UPSTREAM_TIMEOUT", "600", float))
-    h.add_argument("--max-tenant-requests", type=int, default=env_number("MAX_TENANT_REQUESTS", "0", int),
-                   help="open completions per tenant, over it 429; 0 = no cap (env CACHEROUTE_MAX_TENANT_REQUESTS, "
-                        "default 0)")
-    h.add_argument("--tenant-cache-salt", action="store_true",
-                   default=os.environ.get("CACHEROUTE_TENANT_CACHE_SALT", "") not in ("", "0", "false"),
-                   help="send vllm replicas a per-tenant cache_salt so tenants never share cached prefixes "
-                        "(env CACHEROUTE_TENANT_CACHE_SALT, default off)")
-    h.add_argument("--first-byte-timeout", type=float, default=env_number("FIRST_BYTE_TIMEOUT", "60", float),
-                   help="seconds to an engine's headers and a stream's first event, else 504 and a failure "
-                        "(env CACHEROUTE_FIRST_BYTE_TIMEOUT, default 60)")
-    h.add_argument("--eject-seconds", type=float, default=env_number("EJECT_SECONDS", "5", float))
-    h.add_argument("--eject-after", type=int, default=env_number("EJECT_AFTER", "3", int))
-    h.add_argument("--max-ejected-fraction", type=float, default=env_number("MAX_EJECTED_FRACTION", "0.5", float))
-    h.add_argument("--connect-timeout", type=float, default=env_number("CONNECT_TIMEOUT", "3", float))
-    h.add_argument("--client-write-timeout", type=float, default=env_number("CLIENT_WRITE_TIMEOUT", "30", float),
-                   help="seconds a client may take no write of its stream before it is dropped and its engine "
-                        "request cancelled (env CACHEROUTE_CLIENT_WRITE_TIMEOUT, default 30)")
-    c = parser.add_argument_group("engine credentials")
-    c.add_argument("--engine-api-key", default=env("ENGINE_API_KEY") or None,
-                   help="API key sent to every HTTP engine (env CACHEROUTE_ENGINE_API_KEY)")
-    c.add_argument("--engine-api-keys-file", default=env("ENGINE_API_KEYS_FILE") or None,
-                   help="file of `URL KEY` lines, or a `KEY` line for the rest (env CACHEROUTE_ENGINE_API_KEYS_FILE)")
-    c.add_argument("--forward-client-auth", action="store_true",
-                   default=os.environ.get("CACHEROUTE_FORWARD_CLIENT_AUTH", "") not in ("", "0", "false"),
-                   help="send the client's Authorization to HTTP engines (env CACHEROUTE_FORWARD_CLIENT_AUTH, "
-                        "default off)")
+    add_http_flags(parser)
     parser.add_argument("--ext-proc-port", type=int, default=env_number("EXT_PROC_PORT", "-1", int),
                         help="Envoy ext_proc endpoint picker (Gateway API Inference Extension, "
                              "services/dispatcher/extproc.py): -1 = off, 0 = ephemeral (env CACHEROUTE_EXT_PROC_PORT)")
@@ -173,14 +189,7 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         keys = engine_keys(args.engine_api_key, args.engine_api_keys_file)
     except (OSError, ValueError) as exc:
         parser.error(f"--engine-api-keys-file: {exc}")
-    http = HttpConfig(host=args.host, port=args.http_port, max_body_bytes=args.http_max_body_bytes,
-                      max_output_tokens=args.max_output_tokens, upstream_timeout=args.upstream_timeout,
-                      first_byte_timeout=args.first_byte_timeout, max_tenant_requests=args.max_tenant_requests,
-                      tenant_cache_salt=args.tenant_cache_salt,
-                      eject_seconds=args.eject_seconds, eject_after=args.eject_after,
-                      max_ejected_fraction=args.max_ejected_fraction, connect_timeout=args.connect_timeout,
-                      key_tokens=args.key_tokens, client_write_timeout=args.client_write_timeout,
-                      forward_client_auth=args.forward_client_auth)
+    http = http_config(args)
     if args.worker_index is not None:   # one of several workers on shared ports
         server = dataclasses.replace(server, reuse_port=True, announce="worker serving")
         http = dataclasses.replace(http, reuse_port=True)

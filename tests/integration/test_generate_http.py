@@ -16,7 +16,7 @@ from services.dispatcher.service import DispatcherConfig, serve
 from services.engine.fleet import EngineFleet
 from services.model import parse_replicas
 from services.rpc import ServerConfig
-from tests.faults.fake_engine import USAGE, FakeEngine
+from tests.faults.fake_engine import FakeEngine
 from tests.integration.test_dispatcher import wait_until
 
 pytestmark = [pytest.mark.timeout(60)]
