@@ -35,7 +35,8 @@ class _Captured:
         self.handler = logging.StreamHandler(self.text)
         self.handler.setFormatter(JsonFormatter("dispatcher"))
         root = logging.getLogger()
-        self.level, root.level = root.level, logging.DEBUG
+        self.level = root.level
+        root.setLevel(logging.DEBUG)          # setLevel, not .level =: it clears the loggers' level caches
         root.addHandler(self.handler)
         return self.text
 
