@@ -46,7 +46,7 @@ class EngineError(Exception):
     (services.dispatcher.dispatch maps it to an HTTP status and a gRPC status, once).
 
     `kind`: "invalid" (the engine refused the request as malformed), "full" (no capacity
-    now), "timeout" (no answer in time), "unreachable" (no connection: nothing was sent),
+    now), "denied" (the engine refused the credentials: 401/403), "timeout" (no answer in time), "unreachable" (no connection: nothing was sent),
     "unavailable" (the engine is gone: the replica is down), "failed" (any other engine
     error, a 5xx answer, a broken connection). `code`: the engine's own code; `detail`: what
     follows "replica ID" in the one-line message ("answered HTTP 500", ": queue full"); for
@@ -54,7 +54,7 @@ class EngineError(Exception):
     connected, answered 5xx or "full" before any output), so another replica may be asked
     once. `param`: the request field at fault ("invalid")."""
 
-    KINDS = ("invalid", "full", "timeout", "unreachable", "unavailable", "failed")
+    KINDS = ("invalid", "full", "denied", "timeout", "unreachable", "unavailable", "failed")
 
     def __init__(self, kind: str, code: str, detail: str = "", *, retry: bool = False,
                  param: str | None = None) -> None:
