@@ -76,7 +76,6 @@ reason `write_timeout`), never against the engine.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass
 
@@ -91,8 +90,6 @@ from services.core import routing
 from services.dispatcher.dispatch import Dispatcher, Job, Served, http_error
 from services.dispatcher.keys import KEY_HEADER, request_key, tenant_cache_salt
 from services.dispatcher.router import Router
-
-log = logging.getLogger("cacheroute.dispatcher.http")
 
 
 @dataclass(frozen=True)
