@@ -18,6 +18,13 @@ Tenants. A key's tenant becomes part of every routing key derived from its reque
 prefix. A key listed without a tenant is its own tenant, named `k` + the first 12 hex
 digits of its SHA-256 (stable across restarts and dispatchers, not reversible).
 
+Engine credentials (the other direction: what the dispatcher presents to its HTTP engines,
+`EngineKeys`): `--engine-api-key` / CACHEROUTE_ENGINE_API_KEY, one key for every engine, and
+`--engine-api-keys-file` / CACHEROUTE_ENGINE_API_KEYS_FILE, lines `URL KEY` (that engine's
+key) or `KEY` alone (every engine not listed); a URL's key wins over the default. Each HTTP
+backend sends its key as `Authorization: Bearer KEY` (vLLM and SGLang `--api-key`, llama.cpp
+`api_key`, hosted OpenAI-compatible endpoints).
+
 Checking. `tenant_of(presented)` compares the presented key with every accepted key
 using `hmac.compare_digest` and does not stop at the first match, so the time taken does
 not depend on which key (or how much of one) matched. Keys are never logged.
@@ -97,6 +104,50 @@ class KeyRing:
         except AuthError:
             return False
         return True
+
+
+@dataclass(frozen=True)
+class EngineKeys:
+    """The API keys the dispatcher presents to its HTTP engines (module docstring); no repr."""
+
+    default: str | None = field(default=None, repr=False)
+    by_url: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def for_url(self, url: str) -> str | None:
+        return self.by_url.get(url.rstrip("/"), self.default)
+
+    def __repr__(self) -> str:
+        return f"EngineKeys(default={'set' if self.default else 'none'}, urls={len(self.by_url)})"
+
+
+def parse_engine_key_lines(text: str, source: str = "engine keys file") -> tuple[str | None, dict[str, str]]:
+    """`URL KEY` or `KEY` lines -> (default key, {url: key}); ValueError (one line, no key in it)."""
+    default, by_url = None, {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        words = raw.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) == 1 and not words[0].startswith(("http://", "https://")):
+            if default is not None:
+                raise ValueError(f"{source} line {number}: a second default key (a line with only a key)")
+            default = words[0]
+        elif len(words) == 2 and words[0].startswith(("http://", "https://")):
+            by_url[words[0].rstrip("/")] = words[1]
+        else:
+            raise ValueError(f"{source} line {number}: expected `URL KEY` or `KEY`")
+        if len(words[-1]) > MAX_KEY_CHARS:
+            raise ValueError(f"{source} line {number}: key longer than {MAX_KEY_CHARS} characters")
+    return default, by_url
+
+
+def engine_keys(api_key: str | None = None, keys_file: str | None = None) -> EngineKeys:
+    """EngineKeys from the flag/env key and the keys file (its URLs win); ValueError on a bad file."""
+    default, by_url = (api_key.strip() or None) if api_key else None, {}
+    if keys_file:
+        with open(keys_file, encoding="utf-8") as fh:
+            file_default, by_url = parse_engine_key_lines(fh.read(), keys_file)
+        default = default or file_default
+    return EngineKeys(default, by_url)
 
 
 def bearer(header: str | None) -> str | None:

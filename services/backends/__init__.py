@@ -17,8 +17,12 @@ CACHEROUTE_ENGINE_KIND, default `cacheroute`). `http://` / `https://` addresses 
 kinds; `cacheroute` takes only `host:port`.
 
 The contract (services.backends.base.Backend) is small: `check(timeout)` (health only, the
-planner's repair uses it) and `poll(timeout)` (health plus load and cache counters, the
-dispatcher's monitor uses it). Each kind's metric names live in its own module.
+planner's repair uses it), `poll(timeout)` (health plus load and cache counters, the
+dispatcher's monitor uses it), and the request itself: `complete(ApiCall) -> Reply` (an
+OpenAI API request; HTTP kinds relay the engine's bytes unchanged, services.backends.relay)
+and `generate(GenerateRequest, timeout)` (gRPC Generate's chunks, for every kind). Every
+engine failure is one EngineError classification, mapped to HTTP and gRPC statuses once by
+services.dispatcher.dispatch. Each kind's metric names live in its own module.
 """
 
 from __future__ import annotations
@@ -28,11 +32,15 @@ from services.backends.base import Backend, BackendDown, EngineStats, HTTP_KINDS
 __all__ = ["Backend", "BackendDown", "EngineStats", "HTTP_KINDS", "KINDS", "parse_endpoint", "make_backend"]
 
 
-def make_backend(replica_id: str, address: str, default_kind: str = "cacheroute", *, tls=None, session=None) -> Backend:
-    """The backend of one configured replica address (see the module docstring)."""
+def make_backend(replica_id: str, address: str, default_kind: str = "cacheroute", *, tls=None, session=None,
+                 keys=None, deadlines=None) -> Backend:
+    """The backend of one configured replica address (see the module docstring); `keys`
+    (services.auth.EngineKeys) gives an HTTP replica its API key."""
     kind, target = parse_endpoint(address, default_kind)
     if kind == "cacheroute":
         from services.backends.cacheroute import CacheRouteBackend
         return CacheRouteBackend(replica_id, target, tls=tls)
+    from services.backends.base import Deadlines
     from services.backends.http import HttpBackend
-    return HttpBackend(replica_id, target, kind, session=session)
+    return HttpBackend(replica_id, target, kind, session=session, api_key=keys.for_url(target) if keys else None,
+                       deadlines=deadlines or Deadlines())

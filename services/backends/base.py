@@ -1,9 +1,14 @@
-"""The backend contract and the parts every kind shares."""
+"""The backend contract and the parts every kind shares: health and load (`check`, `poll`)
+and the request itself (`complete` for the OpenAI HTTP API, `generate` for gRPC Generate),
+with every engine failure raised as one EngineError classification."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable
+
+from services import oai
 
 KINDS = ("cacheroute", "vllm", "sglang", "llamacpp", "openai")
 HTTP_KINDS = frozenset(KINDS[1:])
@@ -37,17 +42,75 @@ class BackendDown(Exception):
 
 
 class EngineError(Exception):
-    """A request to an engine failed; the one classification both front doors map from.
+    """A request to an engine failed; the one classification both front doors map from
+    (services.dispatcher.dispatch maps it to an HTTP status and a gRPC status, once).
 
     `kind`: "invalid" (the engine refused the request as malformed), "full" (no capacity
-    now), "timeout" (no answer in time), "unavailable" (unreachable or gone: the replica is
-    down), "failed" (any other engine error). `code`: the engine's own code, for messages."""
+    now), "denied" (the engine refused the credentials: 401/403), "timeout" (no answer in time), "unreachable" (no connection: nothing was sent),
+    "unavailable" (the engine is gone: the replica is down), "failed" (any other engine
+    error, a 5xx answer, a broken connection). `code`: the engine's own code; `detail`: what
+    follows "replica ID" in the one-line message ("answered HTTP 500", ": queue full"); for
+    "invalid" the whole message. `retry`: nothing the engine did can have happened (refused, not
+    connected, answered 5xx or "full" before any output), so another replica may be asked
+    once. `param`: the request field at fault ("invalid")."""
 
-    KINDS = ("invalid", "full", "timeout", "unavailable", "failed")
+    KINDS = ("invalid", "full", "denied", "timeout", "unreachable", "unavailable", "failed")
 
-    def __init__(self, kind: str, code: str, detail: str = "") -> None:
+    def __init__(self, kind: str, code: str, detail: str = "", *, retry: bool = False,
+                 param: str | None = None) -> None:
         super().__init__(detail or code)
-        self.kind, self.code, self.detail = kind, code, detail
+        self.kind, self.code, self.detail, self.retry, self.param = kind, code, detail, retry, param
+        self.replica_id = ""                 # set by the dispatcher: the replica that failed
+        self.headers: dict[str, str] = {}    # set by the dispatcher: its decision headers (HTTP API)
+
+    @property
+    def engine_failure(self) -> bool:
+        """Counts against the replica (passive ejection); "invalid" and "full" are answers."""
+        return self.kind not in ("invalid", "full")
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long a request may wait for its engine, in seconds."""
+
+    connect: float = 3.0          # to a connection (HTTP engines); then one retry elsewhere
+    first_byte: float = 60.0      # to the engine's headers, and to a stream's first event
+    idle: float = 600.0           # without a byte from the engine mid-response
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One OpenAI API request as the front door parsed it (services.oai)."""
+
+    path: str                         # /v1/chat/completions or /v1/completions
+    doc: dict                         # the parsed body
+    body: bytes                       # the body exactly as the client sent it
+    request: oai.ApiRequest           # the fields routing read
+    key: str                          # the routing key (the gRPC engine's cache key)
+    deadlines: Deadlines = Deadlines()
+    cache_salt: str | None = None     # vllm: the tenant's cache_salt (tenant cache isolation)
+    authorization: str | None = field(default=None, repr=False)   # the client's, when forwarded
+
+
+async def _nothing() -> None:
+    return None
+
+
+@dataclass
+class Reply:
+    """An engine's answer to an ApiCall, headers known, no byte sent to the client yet.
+
+    `body` is the whole answer, or `events` yields it as blocks of whole SSE events (bytes
+    exactly as the engine framed them) and may raise EngineError mid-stream. `usage`:
+    (prompt tokens, cached tokens) once seen (streams: set while `events` runs). `close()`
+    releases the engine request, cancelling it if unfinished."""
+
+    status: int
+    content_type: str
+    body: bytes = b""
+    events: AsyncIterator[bytes] | None = None
+    usage: tuple[int, int] | None = None
+    close: Callable[[], Awaitable[None]] = _nothing
 
 
 def parse_endpoint(address: str, default_kind: str = "cacheroute") -> tuple[str, str]:
@@ -76,8 +139,8 @@ class Backend(ABC):
     """One engine replica as the dispatcher and planner see it.
 
     `http` is True when the replica serves the OpenAI HTTP API itself (its responses are
-    passed through); False for the gRPC engine. Neither method raises anything but
-    BackendDown (and CancelledError)."""
+    passed through); False for the gRPC engine. `check` and `poll` raise nothing but
+    BackendDown (and CancelledError); `complete` and `generate` nothing but EngineError."""
 
     kind: str
     replica_id: str
@@ -97,3 +160,17 @@ class Backend(ABC):
     @abstractmethod
     async def poll(self, timeout: float) -> EngineStats:
         """Health plus load and counters; BackendDown if unhealthy or unreachable."""
+
+    @abstractmethod
+    async def complete(self, call: ApiCall) -> Reply:
+        """An OpenAI API request: the engine's answer with its headers (Reply); EngineError
+        if it failed before any of it could be relayed."""
+
+    @abstractmethod
+    def generate(self, request, timeout: float, *, authorization: str | None = None) -> AsyncIterator:
+        """A gRPC GenerateRequest as an async iterator of GenerateChunks (`timeout`: the whole
+        call); EngineError for any engine failure. Close it (`aclose`) to cancel early."""
+
+    async def models(self, timeout: float) -> list[dict]:
+        """The models the replica serves (OpenAI `/v1/models` entries); [] if unknown."""
+        return []

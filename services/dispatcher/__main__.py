@@ -47,6 +47,12 @@ OpenAI HTTP API (services/dispatcher/http.py):
   CACHEROUTE_EJECT_AFTER (3)                ... after this many such failures in a row
   CACHEROUTE_MAX_EJECTED_FRACTION (0.5)     passive ejection keeps at least the other share in rotation
   CACHEROUTE_CONNECT_TIMEOUT (3)            seconds to connect to an engine (then one retry elsewhere)
+  CACHEROUTE_CLIENT_WRITE_TIMEOUT (30)      a client that takes no write of its stream this long is dropped
+                                            (its engine request cancelled; a client error, not the engine's)
+Engine credentials (services/auth.py, EngineKeys; never logged):
+  CACHEROUTE_ENGINE_API_KEY ("")            key sent to every HTTP engine (Authorization: Bearer KEY)
+  CACHEROUTE_ENGINE_API_KEYS_FILE ("")      file of `URL KEY` lines (that engine's key) or a `KEY` line (the rest)
+  CACHEROUTE_FORWARD_CLIENT_AUTH (0)        1: send the client's own Authorization to HTTP engines instead
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ import dataclasses
 import os
 import sys
 
-from services.auth import keyring
+from services.auth import engine_keys, keyring
 from services.backends import KINDS, parse_endpoint
 from services.dispatcher.http import HttpConfig
 from services.dispatcher.service import DispatcherConfig, serve
@@ -65,6 +71,53 @@ from services.dispatcher.servicer import KeyRules
 from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
 from services.rpc import add_server_flags, env, env_number, run_service, server_config, setup_logging
+
+
+def add_http_flags(parser: argparse.ArgumentParser) -> None:
+    """The OpenAI HTTP API's flags and the engine credentials (services/dispatcher/http.py, services/auth.py)."""
+    h = parser.add_argument_group("OpenAI HTTP API")
+    h.add_argument("--http-port", type=int, default=env_number("HTTP_PORT", "8080", int),
+                   help="-1 = off, 0 = ephemeral (env CACHEROUTE_HTTP_PORT, default 8080)")
+    h.add_argument("--http-max-body-bytes", type=int, default=env_number("HTTP_MAX_BODY_BYTES", str(8 * 1024 * 1024), int))
+    h.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "32768", int))
+    h.add_argument("--upstream-timeout", type=float, default=env_number("UPSTREAM_TIMEOUT", "600", float))
+    h.add_argument("--max-tenant-requests", type=int, default=env_number("MAX_TENANT_REQUESTS", "0", int),
+                   help="open completions per tenant, over it 429; 0 = no cap (env CACHEROUTE_MAX_TENANT_REQUESTS, "
+                        "default 0)")
+    h.add_argument("--tenant-cache-salt", action="store_true",
+                   default=os.environ.get("CACHEROUTE_TENANT_CACHE_SALT", "") not in ("", "0", "false"),
+                   help="send vllm replicas a per-tenant cache_salt so tenants never share cached prefixes "
+                        "(env CACHEROUTE_TENANT_CACHE_SALT, default off)")
+    h.add_argument("--first-byte-timeout", type=float, default=env_number("FIRST_BYTE_TIMEOUT", "60", float),
+                   help="seconds to an engine's headers and a stream's first event, else 504 and a failure "
+                        "(env CACHEROUTE_FIRST_BYTE_TIMEOUT, default 60)")
+    h.add_argument("--eject-seconds", type=float, default=env_number("EJECT_SECONDS", "5", float))
+    h.add_argument("--eject-after", type=int, default=env_number("EJECT_AFTER", "3", int))
+    h.add_argument("--max-ejected-fraction", type=float, default=env_number("MAX_EJECTED_FRACTION", "0.5", float))
+    h.add_argument("--connect-timeout", type=float, default=env_number("CONNECT_TIMEOUT", "3", float))
+    h.add_argument("--client-write-timeout", type=float, default=env_number("CLIENT_WRITE_TIMEOUT", "30", float),
+                   help="seconds a client may take no write of its stream before it is dropped and its engine "
+                        "request cancelled (env CACHEROUTE_CLIENT_WRITE_TIMEOUT, default 30)")
+    c = parser.add_argument_group("engine credentials")
+    c.add_argument("--engine-api-key", default=env("ENGINE_API_KEY") or None,
+                   help="API key sent to every HTTP engine (env CACHEROUTE_ENGINE_API_KEY)")
+    c.add_argument("--engine-api-keys-file", default=env("ENGINE_API_KEYS_FILE") or None,
+                   help="file of `URL KEY` lines, or a `KEY` line for the rest (env CACHEROUTE_ENGINE_API_KEYS_FILE)")
+    c.add_argument("--forward-client-auth", action="store_true",
+                   default=os.environ.get("CACHEROUTE_FORWARD_CLIENT_AUTH", "") not in ("", "0", "false"),
+                   help="send the client's Authorization to HTTP engines (env CACHEROUTE_FORWARD_CLIENT_AUTH, "
+                        "default off)")
+
+
+def http_config(args: argparse.Namespace) -> HttpConfig:
+    return HttpConfig(host=args.host, port=args.http_port, max_body_bytes=args.http_max_body_bytes,
+                      max_output_tokens=args.max_output_tokens, upstream_timeout=args.upstream_timeout,
+                      first_byte_timeout=args.first_byte_timeout, max_tenant_requests=args.max_tenant_requests,
+                      tenant_cache_salt=args.tenant_cache_salt,
+                      eject_seconds=args.eject_seconds, eject_after=args.eject_after,
+                      max_ejected_fraction=args.max_ejected_fraction, connect_timeout=args.connect_timeout,
+                      key_tokens=args.key_tokens, client_write_timeout=args.client_write_timeout,
+                      forward_client_auth=args.forward_client_auth)
 
 
 def parse_args(argv: list[str] | None) -> DispatcherConfig:
@@ -102,26 +155,7 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     g.add_argument("--workers", type=int, default=env_number("WORKERS", "1", int),
                    help="worker processes sharing the ports, 0 = one per core (env CACHEROUTE_WORKERS, default 1)")
     g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)   # set by the supervisor
-    h = parser.add_argument_group("OpenAI HTTP API")
-    h.add_argument("--http-port", type=int, default=env_number("HTTP_PORT", "8080", int),
-                   help="-1 = off, 0 = ephemeral (env CACHEROUTE_HTTP_PORT, default 8080)")
-    h.add_argument("--http-max-body-bytes", type=int, default=env_number("HTTP_MAX_BODY_BYTES", str(8 * 1024 * 1024), int))
-    h.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "32768", int))
-    h.add_argument("--upstream-timeout", type=float, default=env_number("UPSTREAM_TIMEOUT", "600", float))
-    h.add_argument("--max-tenant-requests", type=int, default=env_number("MAX_TENANT_REQUESTS", "0", int),
-                   help="open completions per tenant, over it 429; 0 = no cap (env CACHEROUTE_MAX_TENANT_REQUESTS, "
-                        "default 0)")
-    h.add_argument("--tenant-cache-salt", action="store_true",
-                   default=os.environ.get("CACHEROUTE_TENANT_CACHE_SALT", "") not in ("", "0", "false"),
-                   help="send vllm replicas a per-tenant cache_salt so tenants never share cached prefixes "
-                        "(env CACHEROUTE_TENANT_CACHE_SALT, default off)")
-    h.add_argument("--first-byte-timeout", type=float, default=env_number("FIRST_BYTE_TIMEOUT", "60", float),
-                   help="seconds to an engine's headers and a stream's first event, else 504 and a failure "
-                        "(env CACHEROUTE_FIRST_BYTE_TIMEOUT, default 60)")
-    h.add_argument("--eject-seconds", type=float, default=env_number("EJECT_SECONDS", "5", float))
-    h.add_argument("--eject-after", type=int, default=env_number("EJECT_AFTER", "3", int))
-    h.add_argument("--max-ejected-fraction", type=float, default=env_number("MAX_EJECTED_FRACTION", "0.5", float))
-    h.add_argument("--connect-timeout", type=float, default=env_number("CONNECT_TIMEOUT", "3", float))
+    add_http_flags(parser)
     parser.add_argument("--ext-proc-port", type=int, default=env_number("EXT_PROC_PORT", "-1", int),
                         help="Envoy ext_proc endpoint picker (Gateway API Inference Extension, "
                              "services/dispatcher/extproc.py): -1 = off, 0 = ephemeral (env CACHEROUTE_EXT_PROC_PORT)")
@@ -139,9 +173,9 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     if not (0 < args.poll_timeout and 0 < args.poll_interval):
         parser.error("--poll-interval and --poll-timeout must be > 0")
     if args.eject_after < 1 or not 0.0 <= args.max_ejected_fraction <= 1.0 or not args.connect_timeout > 0 \
-            or not args.first_byte_timeout > 0 or args.max_tenant_requests < 0:
-        parser.error("--eject-after must be >= 1, --max-ejected-fraction in [0, 1], --connect-timeout and "
-                     "--first-byte-timeout > 0, --max-tenant-requests >= 0")
+            or not args.first_byte_timeout > 0 or args.max_tenant_requests < 0 or not args.client_write_timeout > 0:
+        parser.error("--eject-after must be >= 1, --max-ejected-fraction in [0, 1], --connect-timeout, "
+                     "--first-byte-timeout and --client-write-timeout > 0, --max-tenant-requests >= 0")
     try:
         budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst)
     except ValueError as exc:
@@ -151,13 +185,11 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         ring = keyring(args.api_key, args.api_key_file, server.auth_token)
     except (OSError, ValueError) as exc:
         parser.error(f"--api-key-file: {exc}")
-    http = HttpConfig(host=args.host, port=args.http_port, max_body_bytes=args.http_max_body_bytes,
-                      max_output_tokens=args.max_output_tokens, upstream_timeout=args.upstream_timeout,
-                      first_byte_timeout=args.first_byte_timeout, max_tenant_requests=args.max_tenant_requests,
-                      tenant_cache_salt=args.tenant_cache_salt,
-                      eject_seconds=args.eject_seconds, eject_after=args.eject_after,
-                      max_ejected_fraction=args.max_ejected_fraction, connect_timeout=args.connect_timeout,
-                      key_tokens=args.key_tokens)
+    try:
+        keys = engine_keys(args.engine_api_key, args.engine_api_keys_file)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--engine-api-keys-file: {exc}")
+    http = http_config(args)
     if args.worker_index is not None:   # one of several workers on shared ports
         server = dataclasses.replace(server, reuse_port=True, announce="worker serving")
         http = dataclasses.replace(http, reuse_port=True)
@@ -170,7 +202,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         poll_timeout=args.poll_timeout,
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
         seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
-        budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring, ext_proc_port=args.ext_proc_port)
+        budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring, engine_keys=keys,
+        ext_proc_port=args.ext_proc_port)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,16 +7,23 @@ Endpoints (port `--http-port`, env CACHEROUTE_HTTP_PORT, default 8080; -1 off):
 
 A completion request is: API key -> body (at most `max_body_bytes`) -> JSON -> the few
 fields routing needs (services.oai) -> routing key (services.dispatcher.keys) -> one
-`Router.route` call (the same decision and telemetry as gRPC Route) -> the replica:
+`Dispatcher.dispatch` (services.dispatcher.dispatch: the same route, retry, ejection and
+accounting as gRPC Generate) -> the replica's backend (services.backends), whose Reply is
+written to the client here:
 
 - HTTP kinds (vllm, sglang, llamacpp, openai): the body is forwarded unchanged and the
   engine's status, content type and body bytes come back unchanged, streamed event by event
-  for SSE (events framed with LF, CRLF or CR blank lines, as the SSE spec allows). One exception, for cache telemetry: a stream whose client did not set
+  for SSE (events framed with LF, CRLF or CR blank lines, as the SSE spec allows;
+  services.backends.relay). One exception, for cache telemetry: a stream whose client did not set
   `stream_options.include_usage` is sent with it set, and the engine's final usage chunk
   (`"choices": []`) is dropped before it reaches the client. Usage figures go to
   services.dispatcher.cachestats.
 - `cacheroute` (the simulated gRPC engine): translated to Generate and rendered in
-  OpenAI's shapes (services.oai.Renderer).
+  OpenAI's shapes (services.backends.cacheroute, services.oai.Renderer).
+
+Engine credentials: each HTTP replica may have its own API key (services.auth.EngineKeys,
+`--engine-api-key`, `--engine-api-keys-file`); with `forward_client_auth` the client's own
+`Authorization` goes to the engine instead (when it sent one). Keys are never logged.
 
 Per-tenant cache isolation (`--tenant-cache-salt`, default off): requests to `vllm` replicas
 carry a `cache_salt` derived from the tenant (and the client's own salt), so vLLM never
@@ -54,45 +61,35 @@ deadlines, every replica looks slow at once, and ejecting them all would turn a 
 into one that answers only 503 (issue 12 measured exactly that). A dead engine still leaves:
 a refused connection ejects at once, without the cap, and the health poll takes it out. A
 connection that is refused or not accepted within `connect_timeout` (nothing was sent), and
-a 5xx answered before any byte was relayed, is retried once on another replica, like gRPC
-Generate; if no other replica is healthy the client gets the first replica's error. After a stream's headers went out an
+a 5xx answered before any byte was relayed, is retried once on another replica (the one
+rule of services.dispatcher.dispatch, shared with gRPC Generate); if no other replica is healthy the client gets the first replica's error. After a stream's headers went out an
 error arrives as a final SSE `data: {"error": ...}` event.
 
 A client that disconnects cancels its handler (aiohttp `handler_cancellation`), which
 closes the upstream connection (HTTP engines abort the request) or cancels the Generate
-call.
+call. A client that stops reading a stream for longer than `client_write_timeout` seconds
+(default 30) is dropped the same way: its connection is aborted, the engine request
+cancelled, and it counts as a client error (`cacheroute_dispatcher_client_errors`,
+reason `write_timeout`), never against the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
 import time
 from dataclasses import dataclass
-from typing import Sequence
 
 import aiohttp
-import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from cacheroute.v1 import engine_pb2
 from services import oai
 from services.auth import AuthError, KeyRing, bearer
-from services.backends.base import Backend, EngineError
+from services.backends.base import ApiCall, Backend, Deadlines, EngineError
 from services.core import routing
-from services.core.policy import NoHealthyReplica, Reason
-from services.dispatcher.cachestats import CacheUsage
+from services.dispatcher.dispatch import Dispatcher, Job, Served, http_error
 from services.dispatcher.keys import KEY_HEADER, request_key, tenant_cache_salt
-from services.dispatcher.monitor import Ejection
 from services.dispatcher.router import Router
-from services.rpc import kv
-
-log = logging.getLogger("cacheroute.dispatcher.http")
-REASONS = {Reason.PLANNED: "planned", Reason.COLD: "cold", Reason.FALLBACK: "fallback"}
-DEFAULT_MAX_TOKENS = 16     # the simulated engine's default, when a request to it sets none
-_JSON = {"content-type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -104,64 +101,39 @@ class HttpConfig:
     upstream_timeout: float = 600.0       # idle: seconds without a byte from the engine mid-response -> 504
     first_byte_timeout: float = 60.0      # seconds to the engine's headers, and to a stream's first event -> 504
     connect_timeout: float = 3.0
+    client_write_timeout: float = 30.0    # a client that does not take a write for this long is dropped
     eject_seconds: float = 5.0
     eject_after: int = 3                  # consecutive failures before a replica is ejected
     max_ejected_fraction: float = 0.5     # passive ejection's cap on the share of replicas out
     key_tokens: int = routing.DEFAULT_KEY_TOKENS
     max_tenant_requests: int = 0          # open completions per tenant (0: no cap) -> 429 over it
     tenant_cache_salt: bool = False       # vllm replicas: a per-tenant cache_salt (cache isolation)
+    forward_client_auth: bool = False     # send the client's Authorization to HTTP engines
     reuse_port: bool = False              # share the port with sibling worker processes (SO_REUSEPORT)
 
-
-class _Retry(Exception):
-    """The engine was unreachable before anything was sent to the client: try another replica.
-    `status`/`code`: the error the client gets if the second replica fails the same way."""
-
-    def __init__(self, message: str, status: int = 502, code: str = "engine_unreachable") -> None:
-        super().__init__(message)
-        self.status, self.code = status, code
-
-
-# the end of an SSE event: a blank line, with any of the spec's line endings (LF, CRLF, CR)
-_EVENT_END = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
-
-
-def _last_event_end(data: bytes) -> int:
-    """The offset just past the last complete SSE event in `data`; -1 if there is none."""
-    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (at := data.rfind(sep)) >= 0]
-    return max(ends) if ends else -1
+    @property
+    def deadlines(self) -> Deadlines:
+        return Deadlines(connect=self.connect_timeout, first_byte=self.first_byte_timeout, idle=self.upstream_timeout)
 
 
 class _ClientGone(Exception):
-    """Writing to the client failed (it reset or closed): never counted against the engine."""
-
-
-async def _to_client(resp: web.StreamResponse, data: bytes) -> None:
-    try:
-        await resp.write(data)
-    except (ConnectionError, RuntimeError, aiohttp.ClientConnectionError) as exc:
-        raise _ClientGone(type(exc).__name__) from None
+    """Writing to the client failed (it reset or closed) or timed out: never the engine's failure."""
 
 
 class FrontDoor:
-    def __init__(self, router: Router, monitor, backends: Sequence[Backend], keyring: KeyRing,
-                 config: HttpConfig, usage: CacheUsage, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, router: Router, dispatcher: Dispatcher, keyring: KeyRing, config: HttpConfig,
+                 registry: CollectorRegistry | None = None) -> None:
         self.router = router
-        self.monitor = monitor
-        self.backends = list(backends)
+        self.dispatcher = dispatcher
+        self.backends: list[Backend] = dispatcher.backends
         self.keyring = keyring
         self.config = config
-        self.usage = usage
         self.serving = True
-        self.session: aiohttp.ClientSession | None = None
+        self._deadlines = config.deadlines
         self._models: tuple[float, list] = (0.0, [])
         self._open: dict[str, int] = {}             # open completions by tenant (max_tenant_requests)
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout,
-                                              sock_read=config.upstream_timeout)
         self._requests = Counter("cacheroute_http_requests", "HTTP API requests by endpoint and status",
                                  ["endpoint", "status"], registry=registry)
-        self._upstream = Counter("cacheroute_http_upstream_errors", "engine failures seen by the HTTP API",
-                                 ["replica", "kind"], registry=registry)
 
     # ------------------------------------------------------------ app
 
@@ -235,14 +207,8 @@ class FrontDoor:
                 if model:
                     seen.setdefault(model, {"id": model, "object": "model", "created": 0, "owned_by": "cacheroute"})
                 return
-            try:
-                async with self.session.get(backend.base_url + "/v1/models",
-                                            timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
-                    doc = orjson.loads(await resp.read()) if resp.status == 200 else {}
-            except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
-                return
-            for entry in doc.get("data", []) if isinstance(doc, dict) else []:
-                if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+            for entry in await backend.models(2.0):
+                if isinstance(entry.get("id"), str):
                     seen.setdefault(entry["id"], entry)
 
         await asyncio.gather(*(one(i, b) for i, b in enumerate(self.backends)))
@@ -288,286 +254,78 @@ class FrontDoor:
         except ValueError as exc:
             raise oai.bad_request(f"routing key: {exc}", KEY_HEADER if header_key else None) from None
         prompt_tokens = routing.count_tokens(req.text)
-        now, avoid, first_error = time.time(), -1, None
-        for attempt in range(2):
-            try:   # the arrival counts as planner input once the engine answered (`_served`), as for Generate
-                pick = self.router.route(key, now, prompt_tokens, 0, report=False, avoid=avoid)
-            except NoHealthyReplica:
-                if first_error is not None:     # nobody else to try: the first replica's answer
-                    raise first_error from None
-                raise oai.ApiError(503, "no healthy replica", "service_unavailable", "no_healthy_replica") from None
-            i = pick.replica
-            # every request with a text-derived key shares its first key_tokens tokens: the shared
-            # prefix the planner's switching rule prices (a header key's prefix is not known: 0)
-            shared = 0 if header_key else min(prompt_tokens, self.config.key_tokens)
-            served = (key, now, prompt_tokens, shared)
-            headers = {"x-cacheroute-replica": self.router.ids[i],
-                       "x-cacheroute-plan-version": str(self.router.plan_version),
-                       "x-cacheroute-reason": REASONS[pick.reason]}
-            backend = self.backends[i]
-            self.router.stream_opened(i)
-            try:
-                if backend.http:
-                    return await self._proxy(request, i, backend, path, req, doc, body, headers, served,
-                                             tenant=tenant)
-                refused = oai.unsupported_fields(doc)
-                if refused:
-                    raise oai.ApiError(400, f"replica {self.router.ids[i]} (kind cacheroute) cannot honour "
-                                       f"{', '.join(refused)}", "invalid_request_error", "unsupported_parameter",
-                                       refused[0])
-                return await self._generate(request, i, backend, key, req, headers, served)
-            except _Retry as why:
-                avoid = i
-                first_error = oai.ApiError(why.status, f"replica {self.router.ids[i]}: {why}",
-                                           "timeout" if why.status == 504 else "upstream_error", why.code)
-                first_error.headers = headers
-                if attempt == 1:
-                    raise first_error from None
-            except oai.ApiError as error:
-                error.headers = headers
-                raise
-            finally:
-                self.router.stream_closed(i)
-        raise AssertionError("unreachable")
-
-    def _eject(self, i: int, why: str, *, at_once: bool = False) -> None:
-        """One engine failure of replica `i`: counted, then the monitor's passive ejection."""
-        self._upstream.labels(self.router.ids[i], self.backends[i].kind).inc()
-        self.monitor.failed(i, why, at_once=at_once)
-
-    # ------------------------------------------------------------ HTTP engines
-
-    async def _proxy(self, request: web.Request, i: int, backend: Backend, path: str, req: oai.ApiRequest,
-                     doc: dict, body: bytes, headers: dict, served: tuple, *, tenant: str = "") -> web.StreamResponse:
-        rid = self.router.ids[i]
-        strip = req.stream and not req.include_usage
-        if self.config.tenant_cache_salt and tenant and backend.kind == "vllm":
-            doc = {**doc, "cache_salt": tenant_cache_salt(tenant, req.salt)}
-            body = orjson.dumps(doc)
-        if strip:
-            options = doc.get("stream_options")
-            doc = {**doc, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
-            body = orjson.dumps(doc)
+        # every request with a text-derived key shares its first key_tokens tokens: the shared
+        # prefix the planner's switching rule prices (a header key's prefix is not known: 0)
+        shared = 0 if header_key else min(prompt_tokens, self.config.key_tokens)
+        salt = tenant_cache_salt(tenant, req.salt) if self.config.tenant_cache_salt and tenant else None
+        forwarded = request.headers.get("Authorization") if self.config.forward_client_auth else None
+        call = ApiCall(path, doc, body, req, key, self._deadlines, salt, forwarded)
         try:
-            up_cm = self.session.post(backend.base_url + path, data=body, timeout=self._timeout, headers=_JSON)
-            upstream = await asyncio.wait_for(up_cm.__aenter__(), self.config.first_byte_timeout)
-        except aiohttp.ConnectionTimeoutError:
-            self._eject(i, "connect timed out")
-            raise _Retry(f"accepted no connection within {self.config.connect_timeout:g}s", 504,
-                         "engine_timeout") from None
-        except asyncio.TimeoutError:
-            self._eject(i, "timed out")
-            waited = min(self.config.first_byte_timeout, self.config.upstream_timeout)
-            raise oai.ApiError(504, f"replica {rid} sent nothing for {waited:g}s",
-                               "timeout", "engine_timeout") from None
-        except aiohttp.ClientConnectorError as exc:
-            self._eject(i, "connection refused", at_once=True)
-            raise _Retry(f"unreachable ({type(exc).__name__})") from None
-        except aiohttp.ClientError as exc:
-            self._eject(i, type(exc).__name__)
-            raise oai.ApiError(502, f"replica {rid} failed: {type(exc).__name__}", "upstream_error",
-                               "engine_error") from None
+            served = await self.dispatcher.dispatch(Job(key, time.time(), prompt_tokens, 0, shared),
+                                                    lambda backend: backend.complete(call))
+        except EngineError as error:
+            raise http_error(error) from None
         try:
-            return await self._relay(request, i, upstream, req, strip, headers, served)
+            return await self._send(request, served)
         finally:
-            await up_cm.__aexit__(None, None, None)
+            await served.close()
 
-    async def _relay(self, request: web.Request, i: int, upstream: aiohttp.ClientResponse, req: oai.ApiRequest,
-                     strip: bool, headers: dict, served: tuple) -> web.StreamResponse:
-        rid, status = self.router.ids[i], upstream.status
-        ctype = upstream.headers.get("content-type", "application/json")
-        if status >= 500:
-            try:
-                await asyncio.wait_for(upstream.read(), 1.0)
-            except (asyncio.TimeoutError, aiohttp.ClientError):
-                pass
-            self._eject(i, f"answered {status}")
-            raise _Retry(f"answered HTTP {status}", 502, "engine_error")    # nothing was relayed yet
-        self.monitor.answered(i)
-        if status == 200:
-            self.router.record_arrival(*served)
-        if not req.stream or status != 200 or not ctype.startswith("text/event-stream"):
-            return await self._relay_whole(i, upstream, ctype, headers)
-        resp = web.StreamResponse(status=status, headers={"content-type": ctype, "cache-control": "no-cache", **headers})
+    async def _send(self, request: web.Request, served: Served) -> web.StreamResponse:
+        """Write the engine's Reply to the client: whole, or event by event."""
+        reply, headers = served.opened, served.headers
+        if reply.events is None:
+            served.finish(reply.usage)
+            return web.Response(status=reply.status, body=reply.body,
+                                headers={"content-type": reply.content_type, **headers})
+        resp = web.StreamResponse(status=reply.status, headers={"content-type": reply.content_type,
+                                                                "cache-control": "no-cache", **headers})
         await resp.prepare(request)
-        seen_usage = False
-        tail, waiting = b"", self.config.first_byte_timeout
         try:
-            while data := await asyncio.wait_for(upstream.content.readany(), waiting):
-                waiting = None          # after the first event: the session's idle timeout (sock_read)
-                data = tail + data if tail else data
-                cut = _last_event_end(data)
-                if cut < 0:
-                    tail = data
-                    continue
-                ready, tail = data[:cut], data[cut:]
-                if b'"usage":{' in ready or b'"usage": {' in ready:     # not the `"usage":null` of every chunk
-                    ready, found = self._usage_events(i, ready, strip)
-                    seen_usage = seen_usage or found
-                if ready:
-                    await _to_client(resp, ready)
-            if tail:
-                await _to_client(resp, tail)
-        except _ClientGone:       # the client's side broke: not the engine's failure (issue 20)
-            self.monitor.answered(i)
+            async for block in reply.events:
+                await self._to_client(request, resp, block)
+        except _ClientGone as gone:     # the client's side broke or stalled: not the engine's failure (issue 20)
+            served.client_gone(str(gone))
             return resp
-        except asyncio.TimeoutError:
-            self._eject(i, "timed out mid-stream")
-            waited = self.config.upstream_timeout if waiting is None else waiting
-            await self._stream_error(resp, f"replica {rid} sent nothing for {waited:g}s", "timeout", 504)
+        except EngineError as error:
+            served.failed(error)
+            mapped = http_error(error)
+            await _stream_error(resp, str(mapped), mapped.type, mapped.status)
             return resp
-        except aiohttp.ClientError as exc:
-            self._eject(i, "closed mid-stream")
-            await self._stream_error(resp, f"replica {rid} closed the stream: {type(exc).__name__}",
-                                     "upstream_error", 502)
-            return resp
-        if not seen_usage:
-            self.usage.record_missing(i)
+        served.finish(reply.usage)
         await resp.write_eof()
         return resp
 
-    async def _relay_whole(self, i: int, upstream: aiohttp.ClientResponse, ctype: str,
-                           headers: dict) -> web.Response:
-        """A response that is not a stream, relayed once whole."""
-        rid, status = self.router.ids[i], upstream.status
+    async def _to_client(self, request: web.Request, resp: web.StreamResponse, data: bytes) -> None:
         try:
-            data = await upstream.read()
-        except asyncio.TimeoutError:
-            self._eject(i, "timed out")
-            raise oai.ApiError(504, f"replica {rid} sent nothing for {self.config.upstream_timeout:g}s",
-                               "timeout", "engine_timeout") from None
-        except aiohttp.ClientError as exc:
-            self._eject(i, type(exc).__name__)
-            raise oai.ApiError(502, f"replica {rid} closed the response: {type(exc).__name__}",
-                               "upstream_error", "engine_error") from None
-        if status == 200:
-            self._record(i, data)
-        return web.Response(status=status, body=data, headers={"content-type": ctype, **headers})
+            async with asyncio.timeout(self.config.client_write_timeout):
+                await resp.write(data)
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()       # drop the client; closing the Reply cancels the engine request
+            raise _ClientGone("write_timeout") from None
+        except (ConnectionError, RuntimeError, aiohttp.ClientConnectionError):
+            raise _ClientGone("reset") from None
 
-    @staticmethod
-    async def _stream_error(resp: web.StreamResponse, message: str, type_: str, code: int) -> None:
-        try:
-            await resp.write(b"data: " + oai.error_body(message, type_, code) + b"\n\n")
-            await resp.write_eof()
-        except (ConnectionError, RuntimeError):
-            pass
 
-    def _record(self, i: int, data: bytes) -> None:
-        try:
-            found = oai.usage_of(orjson.loads(data))
-        except orjson.JSONDecodeError:
-            found = None
-        if found is None:
-            self.usage.record_missing(i)
-        else:
-            self.usage.record(i, *found)
-
-    def _usage_events(self, i: int, ready: bytes, strip: bool) -> tuple[bytes, bool]:
-        """Record the usage of the SSE events in `ready` (whole events, any of the spec's
-        framings); drop the usage-only chunk if `strip`. Separators are kept as they came."""
-        parts = _EVENT_END.split(ready)          # event, separator, event, separator, ..., ""
-        out, found = [], False
-        for event, sep in zip(parts[::2], parts[1::2] + [b""]):
-            line = event.lstrip(b"\r\n")
-            if (b'"usage":{' in line or b'"usage": {' in line) and line.startswith(b"data: {"):
-                try:
-                    doc = orjson.loads(line[6:])
-                except orjson.JSONDecodeError:
-                    doc = None
-                figures = oai.usage_of(doc)
-                if figures is not None:
-                    self.usage.record(i, *figures)
-                    found = True
-                    if strip and doc.get("choices") == []:
-                        continue
-            out += (event, sep)
-        return b"".join(out), found
-
-    # ------------------------------------------------------------ the gRPC engine
-
-    async def _generate(self, request: web.Request, i: int, backend, key: str, req: oai.ApiRequest,
-                        headers: dict, served: tuple) -> web.StreamResponse:
-        rid = self.router.ids[i]
-        message = engine_pb2.GenerateRequest(prompt=req.text, max_tokens=req.max_tokens or DEFAULT_MAX_TOKENS, key=key)
-        call = backend.generate(message, self.config.upstream_timeout)
-        render = oai.Renderer(req.endpoint, req.model or "", f"{rid}-{id(call):x}", int(time.time()))
-        resp: web.StreamResponse | None = None
-        texts: list[str] = []
-        prompt = cached = emitted = 0
-        try:
-            async for chunk in call:
-                if chunk.first:
-                    prompt, cached = chunk.prompt_tokens, chunk.cached_tokens
-                    if not req.model:
-                        stats = self.router.engine_stats[i]
-                        render.model = getattr(stats, "model", "") or rid
-                emitted += 1
-                if not req.stream:
-                    texts.append(chunk.text)
-                    continue
-                if resp is None:
-                    resp = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache",
-                                                       **headers})
-                    await resp.prepare(request)
-                await resp.write(render.chunk(chunk.text, chunk.finish_reason or None if chunk.finished else None))
-        except EngineError as failure:
-            if failure.kind == "invalid":
-                error = oai.ApiError(400, failure.detail or "invalid request")
-            elif failure.kind == "full":
-                error = oai.ApiError(429, f"replica {rid}: {failure.detail}", "rate_limit_error", "too_many_requests")
-            elif failure.kind == "timeout":
-                self._eject(i, "timed out")
-                error = oai.ApiError(504, f"replica {rid} timed out", "timeout", "engine_timeout")
-            else:
-                self._eject(i, failure.code, at_once=failure.kind == "unavailable")
-                if failure.kind == "unavailable" and resp is None and not texts:
-                    raise _Retry(failure.code) from None
-                error = oai.ApiError(502, f"replica {rid} failed: {failure.code}", "upstream_error", "engine_error")
-            if resp is None:
-                raise error from None
-            await self._stream_error(resp, str(error), error.type, error.status)
-            return resp
-        finally:
-            await call.aclose()
-        self.monitor.answered(i)
-        figures = oai.usage(prompt, emitted, cached)
-        if not req.stream:
-            return web.Response(body=render.full("".join(texts), "length", figures),
-                                headers={"content-type": "application/json", **headers})
-        if resp is None:   # an engine stream that ended without a chunk
-            raise oai.ApiError(502, f"replica {rid} sent no tokens", "upstream_error", "engine_error")
-        if req.include_usage:
-            await resp.write(render.usage_chunk(figures))
-        await resp.write(oai.DONE)
+async def _stream_error(resp: web.StreamResponse, message: str, type_: str, code: int) -> None:
+    try:
+        await resp.write(b"data: " + oai.error_body(message, type_, code) + b"\n\n")
         await resp.write_eof()
-        return resp
+    except (ConnectionError, RuntimeError):
+        pass
 
 
-async def open_session() -> aiohttp.ClientSession:
-    """The dispatcher's one client session to its HTTP engines: unbounded keep-alive pool, no cookies."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                                 cookie_jar=aiohttp.DummyCookieJar())
-
-
-__all__ = ["FrontDoor", "HttpConfig", "open_session", "kv"]
+__all__ = ["FrontDoor", "HttpApi", "HttpConfig"]
 
 
 class HttpApi:
-    """The front door's lifecycle inside a DispatcherService: session, app, cache telemetry."""
+    """The front door's lifecycle inside a DispatcherService: the aiohttp app on its port."""
 
-    def __init__(self, router: Router, monitor, config: HttpConfig, keyring: KeyRing, *, collector: str = "",
-                 source: str = "dispatcher-0", tls=None, token: str | None = None,
+    def __init__(self, router: Router, dispatcher: Dispatcher, config: HttpConfig, keyring: KeyRing, *,
                  registry: CollectorRegistry | None = None) -> None:
-        from services.dispatcher.cachestats import CacheStatsSender
-
         self.config = config
-        self.usage = CacheUsage(router.ids)
-        monitor.on_stats = lambda i, s: self.usage.counters(i, s.requests, s.prompt_tokens, s.cached_tokens)
-        monitor.ejection = Ejection(config.eject_after, config.max_ejected_fraction, config.eject_seconds)
-        self.front = FrontDoor(router, monitor, monitor.backends, keyring, config, self.usage, registry)
-        any_http = any(b.http for b in monitor.backends)
-        self.sender = (CacheStatsSender(self.usage, collector, source, tls=tls, token=token)
-                       if collector and any_http else None)
+        self.usage = dispatcher.usage
+        self.front = FrontDoor(router, dispatcher, keyring, config, registry)
         self.running = None
 
     @property
@@ -577,11 +335,8 @@ class HttpApi:
     async def start(self) -> "HttpApi":
         from services.httpserver import start_http
 
-        self.front.session = await open_session()
         self.running = await start_http(self.front.app(), self.config.host, self.config.port,
                                         reuse_port=self.config.reuse_port)
-        if self.sender is not None:
-            self.sender.start()
         return self
 
     async def stop(self) -> None:
@@ -589,8 +344,3 @@ class HttpApi:
         if self.running is not None:
             await self.running.stop()
             self.running = None
-        if self.sender is not None:
-            await self.sender.stop()
-        if self.front.session is not None:
-            await self.front.session.close()
-            self.front.session = None

@@ -10,10 +10,13 @@ from dataclasses import dataclass
 from cacheroute.v1 import dispatcher_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from services.auth import KeyRing
+from services.auth import EngineKeys, KeyRing
+from services.backends import make_backend
+from services.dispatcher.cachestats import CacheStatsSender, CacheUsage
+from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.http import HttpApi, HttpConfig
-from services.dispatcher.monitor import ReplicaMonitor
+from services.dispatcher.monitor import Ejection, ReplicaMonitor
 from services.dispatcher.plans import EngineFeed, PlanFeed
 from services.dispatcher.router import Router
 from services.dispatcher.servicer import DispatcherServicer, KeyRules
@@ -49,6 +52,7 @@ class DispatcherConfig:
     engine_kind: str = "cacheroute"       # kind of replicas given without KIND+ (services.backends)
     http: HttpConfig = HttpConfig()       # the OpenAI HTTP API (port -1: off)
     keyring: KeyRing = KeyRing()          # data-plane API keys (services/auth.py); the token is added
+    engine_keys: EngineKeys = EngineKeys()   # API keys presented to HTTP engines (services/auth.py)
     workers: int = 1                   # > 1: the process supervises that many workers (services/dispatcher/workers.py)
     worker_index: int | None = None    # set in a worker the supervisor started
     ext_proc_port: int = -1            # Envoy ext_proc endpoint picker (services/dispatcher/extproc.py): -1 off, 0 ephemeral
@@ -100,8 +104,18 @@ class DispatcherService:
         self.router = Router(config.replicas, seed=config.seed, cold=config.cold,
                              telemetry_capacity=config.telemetry_capacity, prefix_nodes=config.prefix_nodes)
         tls = config.server.tls
+        backends = [make_backend(r.id, r.address, config.engine_kind, tls=tls, keys=config.engine_keys,
+                                 deadlines=config.http.deadlines) for r in config.replicas]
         self.monitor = ReplicaMonitor(self.router, interval=config.poll_interval, timeout=config.poll_timeout, tls=tls,
-                                      default_kind=config.engine_kind)
+                                      backends=backends)
+        h = config.http
+        self.monitor.ejection = Ejection(h.eject_after, h.max_ejected_fraction, h.eject_seconds)
+        self.usage = CacheUsage(self.router.ids)      # per-response usage of HTTP engines (cache telemetry)
+        self.monitor.on_stats = lambda i, s: self.usage.counters(i, s.requests, s.prompt_tokens, s.cached_tokens)
+        self.cache_sender = (CacheStatsSender(self.usage, config.collector, config.dispatcher_id, tls=tls,
+                                              token=config.server.auth_token)
+                             if config.collector and any(b.http for b in backends) else None)
+        self.dispatcher: Dispatcher | None = None
         self.store = None
         if config.redis_url:
             self.store = RedisStore(config.redis_url)
@@ -133,15 +147,15 @@ class DispatcherService:
         metrics = RpcMetrics("dispatcher")
         metrics.registry.register(RouterMetrics(self.router))
         ring = data_plane_keys(self.config)
+        self.dispatcher = Dispatcher(self.router, self.monitor, self.usage, metrics.registry)
         servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
-                                      budget=CallerBudget(self.config.budget), keyring=ring)
+                                      budget=CallerBudget(self.config.budget), keyring=ring,
+                                      dispatcher=self.dispatcher, forward_client_auth=self.config.http.forward_client_auth)
         self.running = await start_server(self.config.server,
                                           [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
                                           [SERVICE], keyring=ring, keyring_methods=DATA_PLANE, metrics=metrics)
         if self.config.http.port >= 0:
-            self.http = await HttpApi(self.router, self.monitor, self.config.http, ring,
-                                      collector=self.config.collector, source=self.config.dispatcher_id,
-                                      tls=self.config.server.tls, token=self.config.server.auth_token,
+            self.http = await HttpApi(self.router, self.dispatcher, self.config.http, ring,
                                       registry=metrics.registry).start()
         if self.config.ext_proc_port >= 0:
             from services.dispatcher.extproc import start_ext_proc
@@ -150,6 +164,8 @@ class DispatcherService:
                 key_tokens=self.config.http.key_tokens, max_output_tokens=self.config.http.max_output_tokens)
         if self.reporter is not None:
             self.reporter.start()
+        if self.cache_sender is not None:
+            self.cache_sender.start()
         if self.config.worker_index is not None:
             report_ready(index=self.config.worker_index, address=self.running.address,
                          metrics_port=self.running.metrics_port, http=self.http_url)
@@ -171,6 +187,8 @@ class DispatcherService:
         await self.feed.stop()
         if self.reporter is not None:
             await self.reporter.stop()
+        if self.cache_sender is not None:
+            await self.cache_sender.stop()
         await self.monitor.stop()
         if self.store is not None:
             await self.store.close()

@@ -1,4 +1,10 @@
-"""cacheroute.v1.Dispatcher: route with the active plan, proxy engine streams, report status."""
+"""cacheroute.v1.Dispatcher: route with the active plan, proxy engine streams, report status.
+
+Generate goes through the one dispatch the HTTP API uses (services.dispatcher.dispatch:
+route, backend call, one retry elsewhere before the first chunk, ejection, accounting), to
+any backend: the gRPC engine, or an HTTP engine (services.backends.http serves it as a
+streamed /v1/completions call; it needs a text prompt, a `blocks` prompt is
+INVALID_ARGUMENT there). Errors map to status codes by dispatch's one table."""
 
 from __future__ import annotations
 
@@ -9,18 +15,17 @@ from typing import AsyncIterator, Iterable, Sequence
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2
 from services.auth import bearer_of_metadata
 from services.backends.base import EngineError
+from services.dispatcher.dispatch import Dispatcher, Job, first_chunk, grpc_error
 from services.core import routing
 from services.core.policy import NoHealthyReplica
 from services.core.request import BLOCK_TOKENS
 from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.router import Router
-from services.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from services.errors import InvalidArgument, Unavailable
 from services.model import MAX_KEY_BYTES
 
 MODE = {False: common_pb2.MODE_PLANNED, True: common_pb2.MODE_FLAT}
-# engine answers before the first chunk after which Generate tries one other replica
-_REPLACEABLE = frozenset({"unavailable", "full"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +134,12 @@ def peer_host(context) -> str:
 
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
     def __init__(self, router: Router, monitor: ReplicaMonitor, rules: KeyRules, dispatcher_id: str, *,
-                 budget: CallerBudget | None = None, keyring=None) -> None:
+                 budget: CallerBudget | None = None, keyring=None, dispatcher: Dispatcher | None = None,
+                 forward_client_auth: bool = False) -> None:
         self.router = router
         self.monitor = monitor
+        self.dispatcher = dispatcher        # Generate's one dispatch (services.dispatcher.dispatch)
+        self.forward_client_auth = forward_client_auth   # the caller's authorization to HTTP engines
         self.rules = rules
         self.dispatcher_id = dispatcher_id
         self.budget = budget or CallerBudget(BudgetConfig(rate=0))
@@ -217,55 +225,37 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         if self.router.prefix_nodes and request.WhichOneof("prompt_source") == "blocks":
             blocks = routing.cacheable_blocks(request.blocks.block_hashes, prompt_tokens)
         timeout = context.time_remaining() or self.rules.generate_timeout
-        now, avoid = time.time(), -1
-        for attempt in range(2):
-            # a replica that fails (UNAVAILABLE) or is full (RESOURCE_EXHAUSTED) before its first
-            # chunk is replaced once, by another healthy one
-            try:
-                pick = self._route(key, prompt_tokens, prefix_tokens, now, report=False, avoid=avoid, blocks=blocks)
-            except Unavailable:
-                if avoid < 0:
-                    raise
-                raise error from None     # nobody else to try: the first replica's answer
-            i = pick.replica
-            decision = self._decision(pick, key)
-            backend = self.monitor.backends[i]
-            if backend.http:
-                raise FailedPrecondition(f"replica {self._ids[i]} is an HTTP engine: send this request to the "
-                                         "dispatcher's OpenAI HTTP API")
-            call = backend.generate(request, timeout)
-            self.router.stream_opened(i)
-            self.router.prefill_started(i, prompt_tokens)
-            first = True
-            try:
-                async for chunk in call:
-                    if first:
-                        chunk.route.CopyFrom(decision)
-                        first = False
-                        self.router.prefill_done(i, prompt_tokens)
-                        # served: the engine took the request, so it counts as planner input
-                        self.router.record_arrival(key, now, prompt_tokens, prefix_tokens, blocks)
-                    yield chunk
-                return
-            except EngineError as failure:
-                error = self._engine_error(i, failure)
-                if not (first and attempt == 0 and failure.kind in _REPLACEABLE):
-                    raise error from None
-                avoid = i
-            finally:
-                if first:
-                    self.router.prefill_done(i, prompt_tokens)
-                await call.aclose()
-                self.router.stream_closed(i)
+        forwarded = self._forwarded(context)
+        job = Job(key, time.time(), prompt_tokens, prefix_tokens, prefix_tokens, blocks)
+        try:
+            served = await self.dispatcher.dispatch(
+                job, lambda backend: first_chunk(backend.generate(request, timeout, authorization=forwarded)))
+        except EngineError as error:
+            raise grpc_error(error) from None
+        stream, done = served.opened, False
+        try:
+            stream.first.route.CopyFrom(self._decision(served.pick, key))
+            last = stream.first
+            yield last
+            async for last in stream.rest:
+                yield last
+            done = True
+            served.finish((last.prompt_tokens, last.cached_tokens) if last.prompt_tokens else None)
+        except EngineError as error:
+            done = True
+            served.failed(error)
+            raise grpc_error(error) from None
+        finally:
+            if not done:
+                served.client_gone("cancelled")
+            await served.close()
 
-    def _engine_error(self, i: int, failure: EngineError) -> Exception:
-        if failure.kind == "invalid":
-            return InvalidArgument(failure.detail)
-        if failure.kind == "full":
-            return ResourceExhausted(f"replica {self._ids[i]}: {failure.detail}")
-        if failure.kind == "unavailable":
-            self.monitor.mark_down(i, "stream failed")
-        return Unavailable(f"replica {self._ids[i]} failed: {failure.code}: {failure.detail}")
+    def _forwarded(self, context) -> str | None:
+        """The caller's `authorization` metadata, passed to HTTP engines when the deployment forwards it."""
+        if not self.forward_client_auth or context is None:
+            return None
+        token = bearer_of_metadata(context.invocation_metadata())
+        return f"Bearer {token}" if token else None
 
     async def GetStatus(self, request, context) -> dispatcher_pb2.DispatcherStatus:
         return status_message(self.router, self.dispatcher_id)

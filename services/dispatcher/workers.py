@@ -22,7 +22,8 @@ This module is the supervisor, the parent of the workers. It serves nothing itse
   collectors: plan version, replica health and load are read from the router);
 - signals: SIGTERM or SIGINT is forwarded to every worker as SIGTERM (each goes NOT_SERVING
   and drains for its grace period); workers still running after grace + 5 s are killed;
-  every child is reaped. Workers die with the supervisor (PR_SET_PDEATHSIG);
+  every child is reaped. Workers die with the supervisor (services.stack's launcher:
+  `setpriv --pdeathsig TERM`, the one answer to "die with the parent");
 - crashes: a worker that exits while serving is restarted after a backoff (0.5 s doubling
   to 5 s); one that fails before its first SERVING fails the start (exit 1).
 
@@ -32,8 +33,6 @@ dispatcher in this process with no supervisor at all.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
 import select
@@ -53,6 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from services.rpc.logs import kv
+from services.stack import _launcher
 
 log = logging.getLogger("cacheroute.dispatcher.workers")
 
@@ -105,13 +105,6 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _pdeathsig():
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    return lambda: prctl(1, int(signal.SIGTERM))   # 1 = PR_SET_PDEATHSIG
-
-
 @dataclass
 class Worker:
     index: int
@@ -132,9 +125,10 @@ class Worker:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, **{READY_FD_ENV: str(write_fd)})
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "services.dispatcher", *self.argv],
-                                         env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
-                                         preexec_fn=_pdeathsig())
+            # services.stack's launcher (setpriv --pdeathsig TERM): a preexec_fn runs Python in
+            # the forked child, which can deadlock or abort once grpc has threads (issue 25)
+            self.proc = subprocess.Popen([*_launcher(), sys.executable, "-m", "services.dispatcher", *self.argv],
+                                         env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL)
         finally:
             os.close(write_fd)
         self.ready_fd, self.buffer, self.info = read_fd, b"", {}

@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.rpc import env, env_number, kv, setup_logging
 
@@ -41,6 +41,7 @@ class LlamaCppConfig:
     parallel: int = 1
     cache_ram_mib: int = 0
     alias: str = ""                      # model id in responses and /v1/models (default: the file name)
+    api_key: str = field(default="", repr=False)   # required as `Authorization: Bearer` on /v1/* (llama.cpp api_key)
 
 
 def free_port(host: str) -> int:
@@ -71,6 +72,8 @@ class LlamaCppServer:
         params.warmup = False
         params.hostnames = [config.host]
         params.port = self.port
+        if config.api_key:
+            params.api_keys = [config.api_key]
         self._server = xllamacpp.Server(params)
 
     @property
@@ -92,6 +95,8 @@ def parse_args(argv: list[str] | None) -> LlamaCppConfig:
     p.add_argument("--parallel", type=int, default=env_number("LLAMACPP_PARALLEL", "1", int))
     p.add_argument("--cache-ram-mib", type=int, default=env_number("LLAMACPP_CACHE_RAM_MIB", "0", int))
     p.add_argument("--alias", default="")
+    p.add_argument("--api-key", default=env("LLAMACPP_API_KEY"),
+                   help="key the server requires (env CACHEROUTE_LLAMACPP_API_KEY; prefer the env: flags show in ps)")
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
     if not args.model or not os.path.isfile(args.model):
@@ -100,7 +105,8 @@ def parse_args(argv: list[str] | None) -> LlamaCppConfig:
         p.error("--threads and --parallel must be >= 1, --ctx >= 64, --cache-ram-mib >= 0")
     setup_logging("llamacpp", args.log_level)
     return LlamaCppConfig(model=args.model, host=args.host, port=args.port, threads=args.threads, ctx=args.ctx,
-                          parallel=args.parallel, cache_ram_mib=args.cache_ram_mib, alias=args.alias)
+                          parallel=args.parallel, cache_ram_mib=args.cache_ram_mib, alias=args.alias,
+                          api_key=args.api_key or "")
 
 
 def main(argv: list[str] | None = None) -> int:

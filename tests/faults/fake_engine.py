@@ -11,7 +11,10 @@
   close    one event, then the connection is aborted mid-stream
   slow     the stream, one event every `slow_seconds`
 `framing` ("lf", "crlf" or "cr") picks the blank line that ends each event of stream and slow.
-`/health` answers 200 unless `healthy` is False (then 503) or `hang_health` is True (never). `served` counts completions.
+`/health` answers 200 unless `healthy` is False (then 503) or `hang_health` is True (never). `served` counts completions,
+`open_streams` the streams being written now, `aborted` the streams whose reader went away before their end.
+`api_key` set: every request but /health needs `Authorization: Bearer <api_key>` (else 401, as vLLM's
+--api-key answers); `last_auth` is the last Authorization seen. `/v1/completions` answers like the chat route.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from services.httpserver import start_http
 MODES = ("ok", "stream", "crlf", "500", "hang", "headers", "garbage", "close", "slow")
 
 
-def _chunk(text: str) -> bytes:
+def _chunk(text: str, chat: bool = True) -> bytes:
+    if not chat:
+        return orjson.dumps({"id": "x", "object": "text_completion", "created": 0, "model": "m",
+                             "choices": [{"index": 0, "text": text, "finish_reason": None}]})
     return orjson.dumps({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
                          "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
 
@@ -41,6 +47,10 @@ class FakeEngine:
         self.healthy = True
         self.hang_health = False       # /health never answers
         self.served = 0
+        self.open_streams = 0
+        self.aborted = 0
+        self.api_key: str | None = None
+        self.last_auth: str | None = None
         self.last_body = b""
         self.running = None
 
@@ -52,6 +62,8 @@ class FakeEngine:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_get("/v1/models", self._models)
         self.running = await start_http(app, "127.0.0.1", 0)
         return self
 
@@ -64,8 +76,21 @@ class FakeEngine:
             await asyncio.sleep(3600)
         return web.json_response({"status": "ok"}, status=200 if self.healthy else 503)
 
+    def _refused(self, request: web.Request) -> web.Response | None:
+        self.last_auth = request.headers.get("Authorization")
+        if self.api_key is not None and self.last_auth != f"Bearer {self.api_key}":
+            return web.json_response({"error": {"message": "invalid api key", "type": "authentication_error"}},
+                                     status=401)
+        return None
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return self._refused(request) or web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.last_body = await request.read()
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         self.served += 1
         mode = self.mode
         if mode == "ok":
@@ -76,6 +101,16 @@ class FakeEngine:
             return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
         if mode == "hang":
             await asyncio.sleep(3600)
+        self.open_streams += 1
+        try:
+            return await self._stream(request, mode)
+        except (ConnectionError, asyncio.CancelledError):
+            self.aborted += 1
+            raise
+        finally:
+            self.open_streams -= 1
+
+    async def _stream(self, request: web.Request, mode: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         if mode == "headers":
@@ -85,7 +120,7 @@ class FakeEngine:
             return resp
         sep = b"\r\n\r\n" if mode == "crlf" else {"lf": b"\n\n", "crlf": b"\r\n\r\n", "cr": b"\r\r"}[self.framing]
         for n in range(self.events):
-            await resp.write(b"data: " + _chunk("x" * self.chunk_bytes) + sep)
+            await resp.write(b"data: " + _chunk("x" * self.chunk_bytes, request.path.endswith("/chat/completions")) + sep)
             if mode == "close":
                 await asyncio.sleep(0.05)
                 request.transport.abort()

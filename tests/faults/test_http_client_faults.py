@@ -59,7 +59,7 @@ def test_clients_resetting_mid_stream_eject_no_replica():
             await asyncio.sleep(0.5)
             assert sum(e.served for e in engines) >= 90
             assert all(service.router.state.healthy), "a client's reset ejected a healthy replica"
-            errors = [s for m in service.http.front._upstream.collect() for s in m.samples
+            errors = [s for m in service.dispatcher.failures.collect() for s in m.samples
                       if s.name.endswith("_total") and s.value]
             assert errors == [], "a client's reset was counted as an engine failure"
         finally:
@@ -75,12 +75,15 @@ def test_a_write_to_a_closing_client_is_not_an_engine_failure(monkeypatch):
     aiohttp raises on a closing transport (ClientConnectionResetError). Before the fix each
     such stream counted as an engine failure, and three in a row ejected a healthy replica."""
     real_write = web.StreamResponse.write
-    written: dict[int, int] = {}
+    written: list[int] = []       # bytes written, per dispatcher response (ids of dead objects are reused)
 
     async def write(self, data):
         if "x-cacheroute-replica" in self.headers:      # the dispatcher's side only
-            written[id(self)] = written.get(id(self), 0) + len(data)
-            if written[id(self)] > 10_000:
+            if not hasattr(self, "_test_stream"):
+                self._test_stream = len(written)
+                written.append(0)
+            written[self._test_stream] += len(data)
+            if written[self._test_stream] > 10_000:
                 raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
         return await real_write(self, data)
 
@@ -105,7 +108,7 @@ def test_a_write_to_a_closing_client_is_not_an_engine_failure(monkeypatch):
                         except aiohttp.ClientPayloadError:
                             pass      # the stream was cut: what a client that went away would not see anyway
             assert all(service.router.state.healthy), "client write errors ejected a healthy replica"
-            errors = [s for m in service.http.front._upstream.collect() for s in m.samples
+            errors = [s for m in service.dispatcher.failures.collect() for s in m.samples
                       if s.name.endswith("_total") and s.value]
             assert errors == []
             assert len(written) == 8
@@ -113,5 +116,56 @@ def test_a_write_to_a_closing_client_is_not_an_engine_failure(monkeypatch):
             await service.stop()
             for engine in engines:
                 await engine.stop()
+
+    asyncio.run(main())
+
+
+async def _stall_after_headers(host: str, port: int) -> socket.socket:
+    """A client with a tiny receive buffer that sends a streamed request, reads the first bytes
+    and then stops reading (keeping the connection open). Returns its socket."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    body = orjson.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "stall"}]})
+    await asyncio.get_running_loop().sock_sendall(
+        sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"x-cacheroute-key: stall\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    first = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(sock, 1024), 5)
+    assert first.startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def test_a_client_that_stops_reading_is_dropped_and_its_engine_request_cancelled():
+    """--client-write-timeout: a stream whose client takes no write for that long is dropped,
+    the engine's request is cancelled (its stream ends early), and it counts as a client error,
+    never as an engine failure. Without the timeout the engine stream stays open for as long as
+    the client keeps its connection."""
+    async def main():
+        engine = await FakeEngine("stream", events=100_000, chunk_bytes=4096).start()
+        config = DispatcherConfig(server=ServerConfig(name="dispatcher", port=0),
+                                  replicas=parse_replicas(f"e0=vllm+{engine.url}"), poll_interval=0.1,
+                                  poll_timeout=0.5, seed=2, http=HttpConfig(port=0, client_write_timeout=1.0))
+        service = await serve(config)
+        sock = None
+        try:
+            await wait_until(lambda: all(service.router.state.healthy), timeout=5)
+            host, port = service.http_url.rsplit("//", 1)[1].rsplit(":", 1)
+            sock = await _stall_after_headers(host, int(port))
+            await wait_until(lambda: engine.open_streams == 1, timeout=5)
+            await wait_until(lambda: engine.open_streams == 0, timeout=8)     # cancelled, well before its end
+            assert engine.aborted == 1
+            client = {s.labels["reason"]: s.value for m in service.dispatcher.client_errors.collect()
+                      for s in m.samples if s.name.endswith("_total")}
+            assert client == {"write_timeout": 1.0}
+            errors = [s for m in service.dispatcher.failures.collect() for s in m.samples
+                      if s.name.endswith("_total") and s.value]
+            assert errors == [] and all(service.router.state.healthy)
+            assert service.router.outstanding == [0]
+        finally:
+            if sock is not None:
+                sock.close()
+            await service.stop()
+            await engine.stop()
 
     asyncio.run(main())

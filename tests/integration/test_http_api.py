@@ -188,7 +188,7 @@ def test_cache_telemetry_of_http_engines_reaches_the_collector(redis_url):
             for turn in range(2):      # no key header: the key is the text's first key_tokens tokens
                 await plain.chat.completions.create(model="m", messages=messages("acme", f"plain {turn}"), max_tokens=2)
             await plain.close()
-            await service.http.sender.flush()
+            await service.cache_sender.flush()
             await service.reporter.flush()
 
             async def landed():

@@ -54,3 +54,17 @@ def test_bearer_values(header, expected):
                                                ((("authorization", "Basic t"),), "")])
 def test_bearer_of_grpc_metadata_is_the_same_parser(metadata, expected):
     assert bearer_of_metadata(metadata) == expected
+
+
+def test_engine_key_lines_give_a_key_per_url_and_a_default():
+    from services.auth import EngineKeys, parse_engine_key_lines
+
+    default, by_url = parse_engine_key_lines("# keys\nhttp://a:1/ ka\n\nkd\nhttps://b:2 kb\n")
+    assert (default, by_url) == ("kd", {"http://a:1": "ka", "https://b:2": "kb"})
+    keys = EngineKeys(default, by_url)
+    assert (keys.for_url("http://a:1"), keys.for_url("https://b:2/"), keys.for_url("http://c:3")) == ("ka", "kb", "kd")
+    assert "ka" not in repr(keys) and "kd" not in repr(keys)
+    for bad in ("http://a:1\n", "http://a:1 k extra\n", "k1\nk2\n", "notaurl k\n"):
+        with pytest.raises(ValueError) as err:
+            parse_engine_key_lines(bad, "f")
+        assert str(err.value).startswith("f line ") and "k1" not in str(err.value) and "extra" not in str(err.value)

@@ -1,0 +1,105 @@
+"""The bytes of an HTTP engine's answer, relayed unchanged: SSE event alignment and usage.
+
+A stream is relayed event-aligned: network chunks are passed on as soon as they end on an
+SSE event boundary (a blank line with any of the spec's line endings: LF, CRLF or CR), and
+a partial event waits for its end. Only blocks that contain a `"usage": {` object are
+parsed (the `"usage":null` of every chunk is skipped by a byte test), so the figures reach
+cache telemetry without re-serialising the stream (STYLE.md, aiohttp / OpenAI API). When
+the dispatcher asked for the usage chunk itself (`strip`: the client did not), that chunk
+(`"choices": []`) is dropped; separators are kept as they came.
+
+Errors: no event within `first_byte` seconds of the headers, or no byte for `idle` seconds
+after that, is EngineError "timeout"; a broken connection "failed" (both mid-stream: the
+client has the headers, so no retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import AsyncIterator
+
+import aiohttp
+import orjson
+
+from services import oai
+from services.backends.base import Deadlines, EngineError, Reply
+
+# the end of an SSE event: a blank line, with any of the spec's line endings (LF, CRLF, CR)
+EVENT_END = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+
+
+def last_event_end(data: bytes) -> int:
+    """The offset just past the last complete SSE event in `data`; -1 if there is none."""
+    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (at := data.rfind(sep)) >= 0]
+    return max(ends) if ends else -1
+
+
+def has_usage(data: bytes) -> bool:
+    return b'"usage":{' in data or b'"usage": {' in data      # not the `"usage":null` of every chunk
+
+
+def usage_events(ready: bytes, strip: bool) -> tuple[bytes, tuple[int, int] | None]:
+    """(the events of `ready` to relay, the usage figures found): whole events, any framing;
+    the usage-only chunk is dropped if `strip`."""
+    parts = EVENT_END.split(ready)          # event, separator, event, separator, ..., ""
+    out, found = [], None
+    for event, sep in zip(parts[::2], parts[1::2] + [b""]):
+        line = event.lstrip(b"\r\n")
+        if has_usage(line) and line.startswith(b"data: {"):
+            try:
+                doc = orjson.loads(line[6:])
+            except orjson.JSONDecodeError:
+                doc = None
+            figures = oai.usage_of(doc)
+            if figures is not None:
+                found = figures
+                if strip and doc.get("choices") == []:
+                    continue
+        out += (event, sep)
+    return b"".join(out), found
+
+
+def whole_usage(data: bytes) -> tuple[int, int] | None:
+    """The usage figures of a whole JSON answer; None if it has none."""
+    try:
+        return oai.usage_of(orjson.loads(data))
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def read_whole(upstream: aiohttp.ClientResponse, idle: float) -> bytes:
+    """A whole answer's body; EngineError timeout / failed."""
+    try:
+        return await upstream.read()
+    except asyncio.TimeoutError:
+        raise EngineError("timeout", "idle", f"sent nothing for {idle:g}s") from None
+    except aiohttp.ClientError as exc:
+        raise EngineError("failed", type(exc).__name__, f"closed the response: {type(exc).__name__}") from None
+
+
+async def relay_events(upstream: aiohttp.ClientResponse, reply: Reply, strip: bool,
+                       deadlines: Deadlines) -> AsyncIterator[bytes]:
+    """Blocks of whole SSE events of `upstream`, usage recorded on `reply` (module header)."""
+    tail, waiting = b"", deadlines.first_byte
+    try:
+        while data := await asyncio.wait_for(upstream.content.readany(), waiting):
+            waiting = None          # after the first event: the session's idle timeout (sock_read)
+            data = tail + data if tail else data
+            cut = last_event_end(data)
+            if cut < 0:
+                tail = data
+                continue
+            ready, tail = data[:cut], data[cut:]
+            if has_usage(ready):
+                ready, found = usage_events(ready, strip)
+                reply.usage = found or reply.usage
+            if ready:
+                yield ready
+        if tail:
+            yield tail
+    except asyncio.TimeoutError:
+        waited = deadlines.idle if waiting is None else waiting
+        raise EngineError("timeout", "idle", f"sent nothing for {waited:g}s") from None
+    except aiohttp.ClientError as exc:
+        raise EngineError("failed", type(exc).__name__, f"closed the stream: {type(exc).__name__}") from None

@@ -1,0 +1,224 @@
+"""One dispatch for both front doors: route -> call the backend -> retry elsewhere once ->
+ejection -> accounting. The OpenAI HTTP API (services.dispatcher.http) and gRPC Generate
+(services.dispatcher.servicer) both call `Dispatcher.dispatch`, so they fail the same way
+(STYLE.md: SGLang's shared `RetryExecutor` and `worker.record_outcome`).
+
+The rule, per request:
+  1. `Router.route(report=False)` picks a replica (the gRPC Route decision, no telemetry yet);
+     no healthy replica is the error "no_replica".
+  2. The backend is called (services.backends: `complete` for an API request, `generate`
+     for Generate, whose first chunk is awaited here). The replica's open-request count and
+     its prefill estimate (the prefix-aware policy's token balance) cover the call.
+  3. An EngineError marked `retry` (refused, not connected in time, answered 5xx, gone or
+     full before any output: nothing the engine did can have reached the client) is
+     retried once on another healthy replica (`avoid`); with none left, or failing again,
+     the client gets the last replica's error.
+  4. Every engine failure is counted (`cacheroute_http_upstream_errors`, by replica and
+     kind) and reported to the ReplicaMonitor's passive ejection (`failed`: consecutive
+     failures, capped share; "unreachable"/"unavailable" eject at once); an answer resets
+     the replica's count (`answered`). "invalid", "full" and "denied" are answers, not failures.
+  5. A request the engine took (HTTP 200, or a first chunk) is an arrival for the planner
+     (`record_arrival`, the served rule of gRPC Generate). When the answer is complete,
+     `Served.finish` records its cache usage for HTTP engines (the gRPC engine reports its
+     own counters); a client that left is `client_gone` (counted by reason, never against
+     the engine); a failure after output began is `Served.failed` (ejection, no retry).
+
+The error mapping exists once, below (`ERRORS`): each EngineError kind's HTTP status,
+OpenAI error type and code, and gRPC status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter
+
+from services import oai
+from services.backends.base import Backend, EngineError
+from services.core.policy import NoHealthyReplica, Reason
+from services.dispatcher.cachestats import CacheUsage
+from services.dispatcher.router import Router
+from services.errors import InvalidArgument, PermissionDenied, ResourceExhausted, ServiceError, Unavailable
+
+REASONS = {Reason.PLANNED: "planned", Reason.COLD: "cold", Reason.FALLBACK: "fallback"}
+
+# kind -> (HTTP status, OpenAI error type, OpenAI code (None: the EngineError's own), gRPC error)
+ERRORS: dict[str, tuple[int, str, str | None, type[ServiceError]]] = {
+    "invalid": (400, "invalid_request_error", None, InvalidArgument),
+    "full": (429, "rate_limit_error", "too_many_requests", ResourceExhausted),
+    "denied": (502, "upstream_error", "engine_denied", PermissionDenied),
+    "timeout": (504, "timeout", "engine_timeout", Unavailable),
+    "unreachable": (502, "upstream_error", "engine_unreachable", Unavailable),
+    "unavailable": (502, "upstream_error", "engine_unreachable", Unavailable),
+    "failed": (502, "upstream_error", "engine_error", Unavailable),
+    "no_replica": (503, "service_unavailable", "no_healthy_replica", Unavailable),
+}
+_AT_ONCE = frozenset({"unreachable", "unavailable"})      # the engine is gone: eject without the count
+_ANSWERS = frozenset({"invalid", "full", "denied", "no_replica"})
+
+
+def message(error: EngineError) -> str:
+    """The one-line message of an EngineError: "replica ID <detail>" ("replica ID: <detail>"
+    when the detail starts with a colon; invalid: the detail alone)."""
+    rid = error.replica_id
+    if error.kind in ("invalid", "no_replica") or not rid:
+        return error.detail or error.code
+    detail = error.detail or error.code
+    return f"replica {rid}{'' if detail.startswith(':') else ' '}{detail}"
+
+
+def http_error(error: EngineError) -> oai.ApiError:
+    """The OpenAI-shaped error a client of the HTTP API gets for `error`."""
+    status, type_, code, _ = ERRORS.get(error.kind, ERRORS["failed"])
+    if code is None:
+        code = error.code if error.code.replace("_", "").islower() else None
+    out = oai.ApiError(status, message(error), type_, code, error.param)
+    out.headers = error.headers
+    return out
+
+
+def grpc_error(error: EngineError) -> ServiceError:
+    """The services.errors exception (gRPC status, services.rpc) a Generate caller gets."""
+    return ERRORS.get(error.kind, ERRORS["failed"])[3](message(error))
+
+
+@dataclass(frozen=True)
+class Job:
+    """What routing and accounting need of one request."""
+
+    key: str
+    now: float
+    prompt_tokens: int
+    prefix_tokens: int = 0          # priced by the router (gRPC: the request's cacheable prefix)
+    shared_tokens: int = 0          # the reusable prefix its arrival reports to the planner
+    blocks: Sequence[int] = ()      # prefix block hashes (the prefix-aware policy)
+
+
+class Stream:
+    """A Generate call whose first chunk arrived (the HTTP 200 of a gRPC stream)."""
+
+    status = 200
+
+    def __init__(self, first, rest: AsyncIterator) -> None:
+        self.first, self.rest = first, rest
+
+    async def close(self) -> None:
+        await self.rest.aclose()
+
+
+async def first_chunk(chunks: AsyncIterator) -> Stream:
+    """Await the first chunk of a backend's `generate` (failures before it may be retried)."""
+    try:
+        first = await anext(chunks)
+    except StopAsyncIteration:
+        raise EngineError("failed", "empty", "sent no tokens") from None
+    except BaseException:
+        await chunks.aclose()
+        raise
+    return Stream(first, chunks)
+
+
+class Dispatcher:
+    def __init__(self, router: Router, monitor, usage: CacheUsage, registry: CollectorRegistry | None = None) -> None:
+        self.router = router
+        self.monitor = monitor
+        self.backends: list[Backend] = monitor.backends
+        self.usage = usage
+        self.failures = Counter("cacheroute_http_upstream_errors",
+                                "engine failures seen by the dispatcher (HTTP API and gRPC Generate)",
+                                ["replica", "kind"], registry=registry)
+        self.client_errors = Counter("cacheroute_dispatcher_client_errors",
+                                     "requests whose client left or stopped reading (never counted against an engine)",
+                                     ["reason"], registry=registry)
+
+    def headers(self, i: int, reason: int) -> dict[str, str]:
+        """The decision headers of an HTTP response from replica `i`."""
+        return {"x-cacheroute-replica": self.router.ids[i], "x-cacheroute-plan-version": str(self.router.plan_version),
+                "x-cacheroute-reason": REASONS[reason]}
+
+    def failure(self, i: int, error: EngineError) -> None:
+        """One outcome of replica `i` that was not an answer: counted, then passive ejection."""
+        error.replica_id = self.router.ids[i]
+        if error.kind in _ANSWERS:
+            self.monitor.answered(i)
+            return
+        self.failures.labels(self.router.ids[i], self.backends[i].kind).inc()
+        self.monitor.failed(i, error.detail or error.code, at_once=error.kind in _AT_ONCE)
+
+    async def dispatch(self, job: Job, call: Callable[[Backend], Awaitable]) -> "Served":
+        """Route `job`, call its backend with `call`, retry once elsewhere (module header).
+        Returns the Served request (close it); raises EngineError."""
+        router, avoid, last = self.router, -1, None
+        for attempt in range(2):
+            try:
+                pick = router.route(job.key, job.now, job.prompt_tokens, job.prefix_tokens, report=False,
+                                    avoid=avoid, blocks=job.blocks)
+            except NoHealthyReplica:
+                raise last or EngineError("no_replica", "no_healthy_replica", "no healthy replica") from None
+            i = pick.replica
+            router.stream_opened(i)
+            router.prefill_started(i, job.prompt_tokens)
+            try:
+                opened = await call(self.backends[i])
+            except EngineError as error:
+                self._closed(i, job)
+                self.failure(i, error)
+                error.headers = self.headers(i, pick.reason)
+                if not (error.retry and attempt == 0):
+                    raise
+                avoid, last = i, error
+                continue
+            except BaseException:
+                self._closed(i, job)
+                raise
+            router.prefill_done(i, job.prompt_tokens)
+            self.monitor.answered(i)
+            if opened.status == 200:     # served: the engine took the request, so it is planner input
+                router.record_arrival(job.key, job.now, job.prompt_tokens, job.shared_tokens, job.blocks)
+            return Served(self, i, pick, opened)
+        raise AssertionError("unreachable")
+
+    def _closed(self, i: int, job: Job) -> None:
+        self.router.prefill_done(i, job.prompt_tokens)
+        self.router.stream_closed(i)
+
+
+class Served:
+    """A dispatched request whose engine answered; `close()` it when done."""
+
+    def __init__(self, dispatcher: Dispatcher, i: int, pick, opened) -> None:
+        self.dispatcher, self.replica, self.pick, self.opened = dispatcher, i, pick, opened
+        self.replica_id = dispatcher.router.ids[i]
+        self.backend = dispatcher.backends[i]
+        self._closed = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.dispatcher.headers(self.replica, self.pick.reason)
+
+    def finish(self, usage: tuple[int, int] | None) -> None:
+        """The answer reached the client whole: cache telemetry of an HTTP engine's answer."""
+        if self.backend.http and self.opened.status == 200:
+            if usage is None:
+                self.dispatcher.usage.record_missing(self.replica)
+            else:
+                self.dispatcher.usage.record(self.replica, *usage)
+
+    def failed(self, error: EngineError) -> None:
+        """The engine failed after output began (no retry): counted, passive ejection."""
+        self.dispatcher.failure(self.replica, error)
+
+    def client_gone(self, reason: str) -> None:
+        """The client left or stopped reading: a client error, and the engine answered."""
+        self.dispatcher.client_errors.labels(reason).inc()
+        self.dispatcher.monitor.answered(self.replica)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.opened.close()
+        finally:
+            self.dispatcher.router.stream_closed(self.replica)
