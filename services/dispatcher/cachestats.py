@@ -46,6 +46,15 @@ class CacheUsage:
         self._counters: list[tuple[int, int, int] | None] = [None] * n   # last scraped (req, prompt, cached)
         self._reported: list[tuple[int, int, int] | None] = [None] * n   # counters at the last report
 
+    def add(self, replica_id: str) -> int:
+        """A slot for an engine added at run time (services/core/engines.py); its index."""
+        self.ids += (replica_id,)
+        for column in (self.requests, self.prompt, self.cached, self.missing):
+            column.append(0)
+        self._counters.append(None)
+        self._reported.append(None)
+        return len(self.ids) - 1
+
     def record(self, i: int, prompt_tokens: int, cached_tokens: int) -> None:
         self.requests[i] += 1
         self.prompt[i] += prompt_tokens

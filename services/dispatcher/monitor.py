@@ -72,6 +72,10 @@ class ReplicaMonitor:
         self.timeout = timeout
         self.timeouts_to_down = timeouts_to_down
         self.on_stats = on_stats
+        # engines added at run time: the factory the configured backends came from (keys, deadlines),
+        # and a hook for per-replica state kept outside the router (cache usage)
+        self.backend_factory: Callable[[str, str], Backend] | None = None
+        self.on_added: Callable[[int, Replica], None] | None = None
         self._timeouts = [0] * len(router.replicas)
         self._held_until = [0.0] * len(router.replicas)
         self._failures = [0] * len(router.replicas)   # consecutive engine failures (passive ejection)
@@ -116,7 +120,8 @@ class ReplicaMonitor:
 
     async def add(self, replica: Replica) -> int:
         """A new slot for `replica` at the end, closed until `open_slot`; its index."""
-        backend = make_backend(replica.id, replica.address, self._default_kind, tls=self._tls)
+        backend = (self.backend_factory(replica.id, replica.address) if self.backend_factory is not None
+                   else make_backend(replica.id, replica.address, self._default_kind, tls=self._tls))
         opener = getattr(backend, "open_sync", None)
         if opener is not None:
             opener()
@@ -127,6 +132,8 @@ class ReplicaMonitor:
         for column, value in ((self._timeouts, 0), (self._held_until, 0.0), (self._failures, 0), (self._polled, "")):
             column.append(value)
         self.closed.add(i)
+        if self.on_added is not None:
+            self.on_added(i, replica)
         await self._poll(i)
         return i
 

@@ -104,14 +104,19 @@ class DispatcherService:
         self.router = Router(config.replicas, seed=config.seed, cold=config.cold,
                              telemetry_capacity=config.telemetry_capacity, prefix_nodes=config.prefix_nodes)
         tls = config.server.tls
-        backends = [make_backend(r.id, r.address, config.engine_kind, tls=tls, keys=config.engine_keys,
-                                 deadlines=config.http.deadlines) for r in config.replicas]
+        def backend(replica_id: str, address: str):
+            return make_backend(replica_id, address, config.engine_kind, tls=tls, keys=config.engine_keys,
+                                deadlines=config.http.deadlines)
+
+        backends = [backend(r.id, r.address) for r in config.replicas]
         self.monitor = ReplicaMonitor(self.router, interval=config.poll_interval, timeout=config.poll_timeout, tls=tls,
                                       backends=backends)
+        self.monitor.backend_factory = backend
         h = config.http
         self.monitor.ejection = Ejection(h.eject_after, h.max_ejected_fraction, h.eject_seconds)
         self.usage = CacheUsage(self.router.ids)      # per-response usage of HTTP engines (cache telemetry)
         self.monitor.on_stats = lambda i, s: self.usage.counters(i, s.requests, s.prompt_tokens, s.cached_tokens)
+        self.monitor.on_added = lambda i, replica: self.usage.add(replica.id)
         self.cache_sender = (CacheStatsSender(self.usage, config.collector, config.dispatcher_id, tls=tls,
                                               token=config.server.auth_token)
                              if config.collector and any(b.http for b in backends) else None)
