@@ -47,6 +47,10 @@ OpenAI HTTP API (services/dispatcher/http.py):
   CACHEROUTE_EJECT_AFTER (3)                ... after this many such failures in a row
   CACHEROUTE_MAX_EJECTED_FRACTION (0.5)     passive ejection keeps at least the other share in rotation
   CACHEROUTE_CONNECT_TIMEOUT (3)            seconds to connect to an engine (then one retry elsewhere)
+  CACHEROUTE_HTTP_HEADER_TIMEOUT (20)       seconds from a request's first byte to its last header byte,
+                                            then 408 and close (services/httpserver.py: slowloris)
+  CACHEROUTE_HTTP_BODY_TIMEOUT (60)         seconds to receive a request's whole body, then 408 and close
+  CACHEROUTE_HTTP_IDLE_TIMEOUT (75)         seconds a client connection may sit idle (keep-alive), then closed
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.budget import BudgetConfig
 from services.dispatcher.servicer import KeyRules
 from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
+from services.httpserver import HttpTimeouts
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
 from services.rpc import add_server_flags, env, env_number, run_service, server_config, setup_logging
 
@@ -122,6 +127,13 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
     h.add_argument("--eject-after", type=int, default=env_number("EJECT_AFTER", "3", int))
     h.add_argument("--max-ejected-fraction", type=float, default=env_number("MAX_EJECTED_FRACTION", "0.5", float))
     h.add_argument("--connect-timeout", type=float, default=env_number("CONNECT_TIMEOUT", "3", float))
+    h.add_argument("--http-header-timeout", type=float, default=env_number("HTTP_HEADER_TIMEOUT", "20", float),
+                   help="seconds to a request's complete headers, then 408 (env CACHEROUTE_HTTP_HEADER_TIMEOUT, "
+                        "default 20)")
+    h.add_argument("--http-body-timeout", type=float, default=env_number("HTTP_BODY_TIMEOUT", "60", float),
+                   help="seconds to a request's whole body, then 408 (env CACHEROUTE_HTTP_BODY_TIMEOUT, default 60)")
+    h.add_argument("--http-idle-timeout", type=float, default=env_number("HTTP_IDLE_TIMEOUT", "75", float),
+                   help="seconds an idle keep-alive connection is kept (env CACHEROUTE_HTTP_IDLE_TIMEOUT, default 75)")
     parser.add_argument("--ext-proc-port", type=int, default=env_number("EXT_PROC_PORT", "-1", int),
                         help="Envoy ext_proc endpoint picker (Gateway API Inference Extension, "
                              "services/dispatcher/extproc.py): -1 = off, 0 = ephemeral (env CACHEROUTE_EXT_PROC_PORT)")
@@ -146,6 +158,11 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst)
     except ValueError as exc:
         parser.error(str(exc))
+    try:
+        timeouts = HttpTimeouts(header=args.http_header_timeout, body=args.http_body_timeout,
+                                idle=args.http_idle_timeout)
+    except ValueError as exc:
+        parser.error(str(exc))
     server = server_config("dispatcher", args)
     try:
         ring = keyring(args.api_key, args.api_key_file, server.auth_token)
@@ -157,7 +174,7 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
                       tenant_cache_salt=args.tenant_cache_salt,
                       eject_seconds=args.eject_seconds, eject_after=args.eject_after,
                       max_ejected_fraction=args.max_ejected_fraction, connect_timeout=args.connect_timeout,
-                      key_tokens=args.key_tokens)
+                      key_tokens=args.key_tokens, timeouts=timeouts)
     if args.worker_index is not None:   # one of several workers on shared ports
         server = dataclasses.replace(server, reuse_port=True, announce="worker serving")
         http = dataclasses.replace(http, reuse_port=True)

@@ -87,6 +87,7 @@ from services.dispatcher.cachestats import CacheUsage
 from services.dispatcher.keys import KEY_HEADER, request_key, tenant_cache_salt
 from services.dispatcher.monitor import Ejection
 from services.dispatcher.router import Router
+from services.httpserver import HttpTimeouts
 from services.rpc import kv
 
 log = logging.getLogger("cacheroute.dispatcher.http")
@@ -111,6 +112,7 @@ class HttpConfig:
     max_tenant_requests: int = 0          # open completions per tenant (0: no cap) -> 429 over it
     tenant_cache_salt: bool = False       # vllm replicas: a per-tenant cache_salt (cache isolation)
     reuse_port: bool = False              # share the port with sibling worker processes (SO_REUSEPORT)
+    timeouts: HttpTimeouts = HttpTimeouts()   # toward clients: header, body, idle (services.httpserver)
 
 
 class _Retry(Exception):
@@ -579,7 +581,7 @@ class HttpApi:
 
         self.front.session = await open_session()
         self.running = await start_http(self.front.app(), self.config.host, self.config.port,
-                                        reuse_port=self.config.reuse_port)
+                                        reuse_port=self.config.reuse_port, timeouts=self.config.timeouts)
         if self.sender is not None:
             self.sender.start()
         return self
