@@ -12,6 +12,7 @@ from services.backends.base import EngineError
 from services.core import routing
 from services.core.policy import NoHealthyReplica
 from services.core.request import BLOCK_TOKENS
+from services.dispatcher.batches import batch_keys, route_batch
 from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.router import Router
@@ -186,20 +187,17 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
     async def RouteBatch(self, request, context) -> dispatcher_pb2.RouteBatchResponse:
         requests = request.requests
         if len(requests) > self.rules.max_batch:
-            raise InvalidArgument(f"batch of {len(requests)} exceeds {self.rules.max_batch} requests")
+            raise InvalidArgument(f"batch of {len(requests)} requests is over the cap of {self.rules.max_batch} "
+                                  "(--max-batch)")
         rules, quick = self.rules, MAX_KEY_BYTES // 4
         # a non-empty `key` is the oneof's source; up to 64 characters it is a valid key
-        keys = [(k, 0) if 0 < len(k := r.key) <= quick else route_key(r, rules) for r in requests]  # all, first
-        version = self.router.plan_version
+        keys = await batch_keys(requests, lambda r: (k, 0) if 0 < len(k := r.key) <= quick else route_key(r, rules))
         now = time.time()
         granted = self._granted(context, len(keys), now)
-        try:
-            picks = self.router.route_many(
-                ((key, r.prompt_tokens, prefix) for r, (key, prefix) in zip(requests, keys)), now,
-                report=(granted, len(keys)) if granted < len(keys) else None)
+        try:   # in slices, yielding the loop between them (services/dispatcher/batches.py)
+            wire = await route_batch(self.router, self._encoder, requests, keys, now, granted)
         except NoHealthyReplica:
             raise Unavailable("no healthy replica") from None
-        wire = self._encoder.encode(picks, [key for key, _ in keys], version)
         return dispatcher_pb2.RouteBatchResponse.FromString(wire)
 
     async def Generate(self, request, context) -> AsyncIterator[engine_pb2.GenerateChunk]:
