@@ -34,12 +34,16 @@ Half-closed clients: a client that shuts down its write side after sending a who
 (`shutdown(SHUT_WR)`) still gets its answer: the connection stays open for writing until the
 response is sent, then closes (asyncio closes a transport on EOF unless the protocol keeps
 it). A half-close before the body is complete, or on an idle connection, closes it at once.
+A client that closed its socket instead looks the same until the peer answers a write with a
+reset; `_JsonErrors.eof_received` says how that is probed, so a client that went away still
+cancels its request within ~0.3 s (the `handler_cancellation` contract above).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from dataclasses import dataclass
 
@@ -50,6 +54,7 @@ from aiohttp.web_protocol import RequestHandler
 from services.rpc import kv
 
 log = logging.getLogger("cacheroute.http")
+_TCP_CLOSE = 7          # tcpi_state of a socket the peer reset (Linux include/net/tcp_states.h)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class _JsonErrors(RequestHandler):
         self._cut_log = cut_log or _CutLog()
         self._header_timer: asyncio.TimerHandle | None = None
         self._last_body = None              # the payload of the last request whose headers were parsed
+        self._peer_timer: asyncio.TimerHandle | None = None
 
     def data_received(self, data: bytes) -> None:
         parsed = self._request_count
@@ -130,17 +136,45 @@ class _JsonErrors(RequestHandler):
         self.force_close()                       # the transport flushes the 408, then closes
 
     def eof_received(self) -> bool | None:
-        """The client shut down its write side. Whole requests already received are still
-        answered (True keeps the transport open for writing), then the connection closes; with
-        nothing complete to answer, None lets asyncio close it."""
+        """The client shut down its write side, or closed its socket: TCP cannot tell which.
+        A request already received whole is still answered (True keeps the transport open for
+        writing) and the connection closes after it; with nothing whole to answer, None lets
+        asyncio close it. To tell a half-close from a client that went away (whose request
+        must be cancelled, so the engine stops working on it), the peer is probed: a response
+        not begun yet gets an interim `100 Continue` (every HTTP/1.1 client skips 1xx; most
+        streams are writing anyway), a peer that has closed answers it with a reset, and a
+        check of the socket's TCP state every 0.25 s aborts the connection once it sees the
+        reset, which cancels the handler as a disconnect does."""
         idle = self._waiter is not None and not self._waiter.done() and not self._messages
-        if not idle and self._last_body is not None and self._last_body.is_eof():
-            self._close = True                  # no request can follow: close after this response
-            return True
-        return None
+        if idle or self._last_body is None or not self._last_body.is_eof():
+            return None
+        self._close = True                      # no request can follow: close after this response
+        request = self._current_request
+        if (request is not None and request.version >= (1, 1) and request.writer.output_size == 0
+                and self.transport is not None):
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._peer_timer = self._loop.call_later(0.05, self._check_peer)
+        return True
+
+    def _check_peer(self) -> None:
+        """Abort a half-open connection whose peer has reset it (module header: half-close)."""
+        self._peer_timer = None
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or not hasattr(socket, "TCP_INFO"):
+            return
+        try:
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+        except OSError:
+            state = _TCP_CLOSE
+        if state == _TCP_CLOSE:
+            self.transport.abort()              # connection_lost: the handler is cancelled
+        elif self._request_in_progress or self._messages:
+            self._peer_timer = self._loop.call_later(0.25, self._check_peer)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_header_timer()
+        if self._peer_timer is not None:
+            self._peer_timer.cancel()
         super().connection_lost(exc)
 
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,

@@ -26,6 +26,9 @@ Environment variables (flags override them):
                                             peer host) may add to the planner's input; 0 = no bound
                                             (services/dispatcher/budget.py). Generate arrivals count once served.
   CACHEROUTE_CALLER_TELEMETRY_BURST (200)   that budget's bucket size
+  CACHEROUTE_CALLER_TELEMETRY_SCOPE (shared) shared: one bucket per caller across dispatchers, in the store
+                                            (--redis; the local bucket while it does not answer); local: per
+                                            dispatcher. HTTP arrivals draw on the same bucket.
   CACHEROUTE_API_KEY / CACHEROUTE_API_KEY_FILE  accepted data-plane keys (key[:tenant] lines; services/auth.py).
                                             With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
                                             Route, RouteBatch and Generate require one of them; GetStatus stays open.
@@ -64,7 +67,7 @@ from services.auth import keyring
 from services.backends import KINDS, parse_endpoint
 from services.dispatcher.http import HttpConfig
 from services.dispatcher.service import DispatcherConfig, serve
-from services.dispatcher.budget import BudgetConfig
+from services.dispatcher.budget import SCOPES, BudgetConfig
 from services.dispatcher.servicer import KeyRules
 from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
 from services.httpserver import HttpTimeouts
@@ -99,6 +102,9 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
                         "(env CACHEROUTE_CALLER_TELEMETRY_RATE, default 100)")
     g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "200", float),
                    help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 200)")
+    g.add_argument("--caller-telemetry-scope", default=env("CALLER_TELEMETRY_SCOPE", "shared"), choices=SCOPES,
+                   help="shared: one budget per caller across dispatchers, in the store (--redis); local: per "
+                        "dispatcher (env CACHEROUTE_CALLER_TELEMETRY_SCOPE, default shared)")
     g.add_argument("--api-key", default=env("API_KEY") or None, help="accepted API key (env CACHEROUTE_API_KEY)")
     g.add_argument("--api-key-file", default=env("API_KEY_FILE") or None,
                    help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
@@ -155,7 +161,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         parser.error("--eject-after must be >= 1, --max-ejected-fraction in [0, 1], --connect-timeout and "
                      "--first-byte-timeout > 0, --max-tenant-requests >= 0")
     try:
-        budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst)
+        budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst,
+                              scope=args.caller_telemetry_scope)
     except ValueError as exc:
         parser.error(str(exc))
     try:

@@ -83,6 +83,7 @@ from services.auth import AuthError, KeyRing, bearer
 from services.backends.base import Backend, EngineError
 from services.core import routing
 from services.core.policy import NoHealthyReplica, Reason
+from services.dispatcher.budget import http_caller
 from services.dispatcher.cachestats import CacheUsage
 from services.dispatcher.keys import KEY_HEADER, request_key, tenant_cache_salt
 from services.dispatcher.monitor import Ejection
@@ -158,6 +159,7 @@ class FrontDoor:
         self.session: aiohttp.ClientSession | None = None
         self._models: tuple[float, list] = (0.0, [])
         self._open: dict[str, int] = {}             # open completions by tenant (max_tenant_requests)
+        self.budget = None                          # services.dispatcher.budget.SharedBudget, set by the service
         self._timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout,
                                               sock_read=config.upstream_timeout)
         self._requests = Counter("cacheroute_http_requests", "HTTP API requests by endpoint and status",
@@ -291,6 +293,7 @@ class FrontDoor:
             raise oai.bad_request(f"routing key: {exc}", KEY_HEADER if header_key else None) from None
         prompt_tokens = routing.count_tokens(req.text)
         now, avoid, first_error = time.time(), -1, None
+        counted = await self._within_budget(request, tenant, now)
         for attempt in range(2):
             try:   # the arrival counts as planner input once the engine answered (`_served`), as for Generate
                 pick = self.router.route(key, now, prompt_tokens, 0, report=False, avoid=avoid)
@@ -302,7 +305,7 @@ class FrontDoor:
             # every request with a text-derived key shares its first key_tokens tokens: the shared
             # prefix the planner's switching rule prices (a header key's prefix is not known: 0)
             shared = 0 if header_key else min(prompt_tokens, self.config.key_tokens)
-            served = (key, now, prompt_tokens, shared)
+            served = (key, now, prompt_tokens, shared) if counted else None
             headers = {"x-cacheroute-replica": self.router.ids[i],
                        "x-cacheroute-plan-version": str(self.router.plan_version),
                        "x-cacheroute-reason": REASONS[pick.reason]}
@@ -331,6 +334,13 @@ class FrontDoor:
             finally:
                 self.router.stream_closed(i)
         raise AssertionError("unreachable")
+
+    async def _within_budget(self, request: web.Request, tenant: str, now: float) -> bool:
+        """Whether this request's arrival may count as planner input (services/dispatcher/budget.py)."""
+        if self.budget is None or not self.budget.bounded:
+            return True
+        caller = http_caller(tenant, self.keyring.enabled, request.remote)
+        return caller is None or await self.budget.take(caller, 1, now) == 1
 
     def _eject(self, i: int, why: str, *, at_once: bool = False) -> None:
         """One engine failure of replica `i`: counted, then the monitor's passive ejection."""
@@ -387,7 +397,10 @@ class FrontDoor:
             raise _Retry(f"answered HTTP {status}", 502, "engine_error")    # nothing was relayed yet
         self.monitor.answered(i)
         if status == 200:
-            self.router.record_arrival(*served)
+            if served is None:               # its caller is over its telemetry budget
+                self.router.telemetry_capped += 1
+            else:
+                self.router.record_arrival(*served)
         if not req.stream or status != 200 or not ctype.startswith("text/event-stream"):
             return await self._relay_whole(i, upstream, ctype, headers)
         resp = web.StreamResponse(status=status, headers={"content-type": ctype, "cache-control": "no-cache", **headers})

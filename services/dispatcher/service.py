@@ -11,7 +11,7 @@ from cacheroute.v1 import dispatcher_pb2_grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.auth import KeyRing
-from services.dispatcher.budget import BudgetConfig, CallerBudget
+from services.dispatcher.budget import BudgetConfig, SharedBudget
 from services.dispatcher.http import HttpApi, HttpConfig
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.plans import PlanFeed
@@ -111,6 +111,10 @@ class DispatcherService:
                                          interval=config.telemetry_interval, tls=tls,
                                          token=config.server.auth_token)
                          if config.collector else None)
+        # one per-caller telemetry budget for gRPC and HTTP arrivals, in the store when there is one
+        self.budget = SharedBudget(config.budget, self.store)
+        if config.budget.scope == "shared" and self.store is None and config.budget.rate > 0:
+            log.info("caller budget: no store (--redis), one budget per dispatcher")
         self.running: RunningServer | None = None
         self.http: HttpApi | None = None
         self.ext_proc = None               # grpc.aio.Server of the endpoint picker, when on
@@ -132,7 +136,7 @@ class DispatcherService:
         metrics.registry.register(RouterMetrics(self.router))
         ring = data_plane_keys(self.config)
         servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
-                                      budget=CallerBudget(self.config.budget), keyring=ring)
+                                      budget=self.budget, keyring=ring)
         self.running = await start_server(self.config.server,
                                           [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
                                           [SERVICE], keyring=ring, keyring_methods=DATA_PLANE, metrics=metrics)
@@ -141,6 +145,7 @@ class DispatcherService:
                                       collector=self.config.collector, source=self.config.dispatcher_id,
                                       tls=self.config.server.tls, token=self.config.server.auth_token,
                                       registry=metrics.registry).start()
+            self.http.front.budget = self.budget
         if self.config.ext_proc_port >= 0:
             from services.dispatcher.extproc import start_ext_proc
             self.ext_proc, self.ext_proc_port = await start_ext_proc(

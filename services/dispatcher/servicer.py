@@ -13,7 +13,7 @@ from services.core import routing
 from services.core.policy import NoHealthyReplica
 from services.core.request import BLOCK_TOKENS
 from services.dispatcher.batches import batch_keys, route_batch
-from services.dispatcher.budget import BudgetConfig, CallerBudget
+from services.dispatcher.budget import BudgetConfig, SharedBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.router import Router
 from services.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
@@ -130,12 +130,12 @@ def peer_host(context) -> str:
 
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
     def __init__(self, router: Router, monitor: ReplicaMonitor, rules: KeyRules, dispatcher_id: str, *,
-                 budget: CallerBudget | None = None, keyring=None) -> None:
+                 budget: SharedBudget | None = None, keyring=None) -> None:
         self.router = router
         self.monitor = monitor
         self.rules = rules
         self.dispatcher_id = dispatcher_id
-        self.budget = budget or CallerBudget(BudgetConfig(rate=0))
+        self.budget = budget or SharedBudget(BudgetConfig(rate=0))
         self.keyring = keyring              # services.auth.KeyRing: callers are tenants when it has keys
         self._ids = router.ids
         self._addresses = tuple(r.address for r in router.replicas)
@@ -155,11 +155,11 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
             return "tenant:" + tenant if tenant else None
         return peer_host(context)
 
-    def _granted(self, context, n: int, now: float) -> int:
+    async def _granted(self, context, n: int, now: float) -> int:
         if not self.budget.bounded:
             return n
         caller = self.caller(context)
-        return n if caller is None else self.budget.take(caller, n, now)
+        return n if caller is None else await self.budget.take(caller, n, now)
 
     def _route(self, key: str, prompt_tokens: int, prefix_tokens: int, now: float, *, report: bool = True,
                avoid: int = -1, blocks=()):
@@ -177,7 +177,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
     async def Route(self, request, context) -> common_pb2.RouteDecision:
         key, prefix_tokens = route_key(request, self.rules)
         now = time.time()
-        report = self._granted(context, 1, now) == 1
+        report = await self._granted(context, 1, now) == 1
         blocks = request.prefix.block_hashes if self.router.prefix_nodes and request.HasField("prefix") else ()
         pick = self._route(key, request.prompt_tokens, prefix_tokens, now, report=report, blocks=blocks)
         if not report:
@@ -193,7 +193,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         # a non-empty `key` is the oneof's source; up to 64 characters it is a valid key
         keys = await batch_keys(requests, lambda r: (k, 0) if 0 < len(k := r.key) <= quick else route_key(r, rules))
         now = time.time()
-        granted = self._granted(context, len(keys), now)
+        granted = await self._granted(context, len(keys), now)
         try:   # in slices, yielding the loop between them (services/dispatcher/batches.py)
             wire = await route_batch(self.router, self._encoder, requests, keys, now, granted)
         except NoHealthyReplica:

@@ -9,7 +9,8 @@ A real dispatcher (HTTP API on 127.0.0.1:0) in front of a fake OpenAI engine
 - a declared Content-Length of 10^12 bytes with 100 B sent -> 413 at once, closed;
 - idle keep-alive: one request answered, then nothing -> closed at the idle timeout;
 - half-closed: `shutdown(SHUT_WR)` right after the request, or in the middle of a stream ->
-  the whole answer is still delivered (before: nothing), and no engine failure is counted.
+  the whole answer is still delivered (before: nothing), and no engine failure is counted;
+  a client that closes its socket outright while its answer is pending still cancels it.
 
 The timeouts are short here (header 0.6 s, body 0.6 s, idle 0.8 s); every wait is a
 deadline (a read that returns at EOF), never a fixed sleep.
@@ -183,7 +184,9 @@ def test_half_closed_clients_get_their_answer_and_count_against_no_engine():
             _, rest = await _until_closed(reader, 10)
         finally:
             writer.close()
-        return got + rest
+        got += rest
+        interim = b"HTTP/1.1 100 Continue\r\n\r\n"     # the server's probe of a half-open peer
+        return got[len(interim):] if got.startswith(interim) else got
 
     async def main():
         engine = await FakeEngine("ok", events=200, chunk_bytes=512).start()
@@ -200,7 +203,18 @@ def test_half_closed_clients_get_their_answer_and_count_against_no_engine():
                 assert got.count(b"data: {") == 200 and b"data: [DONE]" in got, "the stream was cut short"
             assert all(service.router.state.healthy)
             assert _engine_failures(service) == 0, "a half-closed client counted against the engine"
-            print("FIGURES", f"half-closed: {len(answers)} whole answers, {len(streams)} whole streams of 200 events")
+            # a client that closes its socket outright (FIN, like a half-close) while the engine
+            # has not answered: its request is still cancelled (the probe's reset tells them apart)
+            engine.mode = "hang"
+            body = _body()
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(_request(body) + body)
+            await writer.drain()
+            await wait_until(lambda: service.router.outstanding == [1], timeout=5)
+            writer.close()
+            gone = await wait_until(lambda: service.router.outstanding == [0], timeout=5)
+            print("FIGURES", f"half-closed: {len(answers)} whole answers, {len(streams)} whole streams of 200 events; "
+                  f"a closed client's pending request cancelled after {gone:.2f}s")
         finally:
             await service.stop()
             await engine.stop()
