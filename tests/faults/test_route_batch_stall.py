@@ -73,7 +73,8 @@ def test_a_max_size_route_batch_leaves_the_loop_to_a_5ms_probe():
                 gc.enable()
                 stop.set()
                 await asyncio.gather(*background)
-                over = dispatcher_pb2.RouteBatchRequest(requests=[dispatcher_pb2.RouteRequest(key="k")] * (MAX_BATCH + 1))
+                over = dispatcher_pb2.RouteBatchRequest(
+                    requests=[dispatcher_pb2.RouteRequest(key="k")] * (MAX_BATCH + 1))
                 try:
                     await stub.RouteBatch(over, timeout=10)
                     refused = None
