@@ -26,6 +26,9 @@ Environment variables (flags override them):
                                             peer host) may add to the planner's input; 0 = no bound
                                             (services/dispatcher/budget.py). Generate arrivals count once served.
   CACHEROUTE_CALLER_TELEMETRY_BURST (200)   that budget's bucket size
+  CACHEROUTE_CALLER_TELEMETRY_SCOPE (shared) shared: one bucket per caller across dispatchers, in the store
+                                            (--redis; the local bucket while it does not answer); local: per
+                                            dispatcher. HTTP arrivals draw on the same bucket.
   CACHEROUTE_API_KEY / CACHEROUTE_API_KEY_FILE  accepted data-plane keys (key[:tenant] lines; services/auth.py).
                                             With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
                                             Route, RouteBatch and Generate require one of them; GetStatus stays open.
@@ -49,6 +52,10 @@ OpenAI HTTP API (services/dispatcher/http.py):
   CACHEROUTE_CONNECT_TIMEOUT (3)            seconds to connect to an engine (then one retry elsewhere)
   CACHEROUTE_CLIENT_WRITE_TIMEOUT (30)      a client that takes no write of its stream this long is dropped
                                             (its engine request cancelled; a client error, not the engine's)
+  CACHEROUTE_HTTP_HEADER_TIMEOUT (20)       seconds from a request's first byte to its last header byte,
+                                            then 408 and close (services/httpserver.py: slowloris)
+  CACHEROUTE_HTTP_BODY_TIMEOUT (60)         seconds to receive a request's whole body, then 408 and close
+  CACHEROUTE_HTTP_IDLE_TIMEOUT (75)         seconds a client connection may sit idle (keep-alive), then closed
 Engine credentials (services/auth.py, EngineKeys; never logged):
   CACHEROUTE_ENGINE_API_KEY ("")            key sent to every HTTP engine (Authorization: Bearer KEY)
   CACHEROUTE_ENGINE_API_KEYS_FILE ("")      file of `URL KEY` lines (that engine's key) or a `KEY` line (the rest)
@@ -66,9 +73,10 @@ from services.auth import engine_keys, keyring
 from services.backends import KINDS, parse_endpoint
 from services.dispatcher.http import HttpConfig
 from services.dispatcher.service import DispatcherConfig, serve
-from services.dispatcher.budget import BudgetConfig
+from services.dispatcher.budget import SCOPES, BudgetConfig
 from services.dispatcher.servicer import KeyRules
 from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
+from services.httpserver import HttpTimeouts
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
 from services.rpc import add_server_flags, env, env_number, run_service, server_config, setup_logging
 
@@ -98,6 +106,13 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
     h.add_argument("--client-write-timeout", type=float, default=env_number("CLIENT_WRITE_TIMEOUT", "30", float),
                    help="seconds a client may take no write of its stream before it is dropped and its engine "
                         "request cancelled (env CACHEROUTE_CLIENT_WRITE_TIMEOUT, default 30)")
+    h.add_argument("--http-header-timeout", type=float, default=env_number("HTTP_HEADER_TIMEOUT", "20", float),
+                   help="seconds to a request's complete headers, then 408 (env CACHEROUTE_HTTP_HEADER_TIMEOUT, "
+                        "default 20)")
+    h.add_argument("--http-body-timeout", type=float, default=env_number("HTTP_BODY_TIMEOUT", "60", float),
+                   help="seconds to a request's whole body, then 408 (env CACHEROUTE_HTTP_BODY_TIMEOUT, default 60)")
+    h.add_argument("--http-idle-timeout", type=float, default=env_number("HTTP_IDLE_TIMEOUT", "75", float),
+                   help="seconds an idle keep-alive connection is kept (env CACHEROUTE_HTTP_IDLE_TIMEOUT, default 75)")
     c = parser.add_argument_group("engine credentials")
     c.add_argument("--engine-api-key", default=env("ENGINE_API_KEY") or None,
                    help="API key sent to every HTTP engine (env CACHEROUTE_ENGINE_API_KEY)")
@@ -109,7 +124,7 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
                         "default off)")
 
 
-def http_config(args: argparse.Namespace) -> HttpConfig:
+def http_config(args: argparse.Namespace, timeouts: HttpTimeouts) -> HttpConfig:
     return HttpConfig(host=args.host, port=args.http_port, max_body_bytes=args.http_max_body_bytes,
                       max_output_tokens=args.max_output_tokens, upstream_timeout=args.upstream_timeout,
                       first_byte_timeout=args.first_byte_timeout, max_tenant_requests=args.max_tenant_requests,
@@ -117,7 +132,7 @@ def http_config(args: argparse.Namespace) -> HttpConfig:
                       eject_seconds=args.eject_seconds, eject_after=args.eject_after,
                       max_ejected_fraction=args.max_ejected_fraction, connect_timeout=args.connect_timeout,
                       key_tokens=args.key_tokens, client_write_timeout=args.client_write_timeout,
-                      forward_client_auth=args.forward_client_auth)
+                      forward_client_auth=args.forward_client_auth, timeouts=timeouts)
 
 
 def parse_args(argv: list[str] | None) -> DispatcherConfig:
@@ -147,6 +162,9 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
                         "(env CACHEROUTE_CALLER_TELEMETRY_RATE, default 100)")
     g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "200", float),
                    help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 200)")
+    g.add_argument("--caller-telemetry-scope", default=env("CALLER_TELEMETRY_SCOPE", "shared"), choices=SCOPES,
+                   help="shared: one budget per caller across dispatchers, in the store (--redis); local: per "
+                        "dispatcher (env CACHEROUTE_CALLER_TELEMETRY_SCOPE, default shared)")
     g.add_argument("--api-key", default=env("API_KEY") or None, help="accepted API key (env CACHEROUTE_API_KEY)")
     g.add_argument("--api-key-file", default=env("API_KEY_FILE") or None,
                    help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
@@ -177,7 +195,13 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         parser.error("--eject-after must be >= 1, --max-ejected-fraction in [0, 1], --connect-timeout, "
                      "--first-byte-timeout and --client-write-timeout > 0, --max-tenant-requests >= 0")
     try:
-        budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst)
+        budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst,
+                              scope=args.caller_telemetry_scope)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        timeouts = HttpTimeouts(header=args.http_header_timeout, body=args.http_body_timeout,
+                                idle=args.http_idle_timeout)
     except ValueError as exc:
         parser.error(str(exc))
     server = server_config("dispatcher", args)
@@ -189,7 +213,7 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         keys = engine_keys(args.engine_api_key, args.engine_api_keys_file)
     except (OSError, ValueError) as exc:
         parser.error(f"--engine-api-keys-file: {exc}")
-    http = http_config(args)
+    http = http_config(args, timeouts)
     if args.worker_index is not None:   # one of several workers on shared ports
         server = dataclasses.replace(server, reuse_port=True, announce="worker serving")
         http = dataclasses.replace(http, reuse_port=True)

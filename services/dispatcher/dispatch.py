@@ -93,6 +93,9 @@ class Job:
     prefix_tokens: int = 0          # priced by the router (gRPC: the request's cacheable prefix)
     shared_tokens: int = 0          # the reusable prefix its arrival reports to the planner
     blocks: Sequence[int] = ()      # prefix block hashes (the prefix-aware policy)
+    # within its caller's telemetry budget (services/dispatcher/budget.py): a bool, or a coroutine
+    # function asked once the engine took the request (so refused requests draw nothing)
+    counted: bool | Callable[[], Awaitable[bool]] = True
 
 
 class Stream:
@@ -175,7 +178,11 @@ class Dispatcher:
             router.prefill_done(i, job.prompt_tokens)
             self.monitor.answered(i)
             if opened.status == 200:     # served: the engine took the request, so it is planner input
-                router.record_arrival(job.key, job.now, job.prompt_tokens, job.shared_tokens, job.blocks)
+                counted = job.counted if isinstance(job.counted, bool) else await job.counted()
+                if counted:
+                    router.record_arrival(job.key, job.now, job.prompt_tokens, job.shared_tokens, job.blocks)
+                else:                    # its caller is over its telemetry budget
+                    router.telemetry_capped += 1
             return Served(self, i, pick, opened)
         raise AssertionError("unreachable")
 

@@ -87,9 +87,11 @@ from services import oai
 from services.auth import AuthError, KeyRing, bearer
 from services.backends.base import ApiCall, Backend, Deadlines, EngineError
 from services.core import routing
+from services.dispatcher.budget import http_caller
 from services.dispatcher.dispatch import Dispatcher, Job, Served, http_error
 from services.dispatcher.keys import KEY_HEADER, request_key, tenant_cache_salt
 from services.dispatcher.router import Router
+from services.httpserver import HttpTimeouts
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class HttpConfig:
     tenant_cache_salt: bool = False       # vllm replicas: a per-tenant cache_salt (cache isolation)
     forward_client_auth: bool = False     # send the client's Authorization to HTTP engines
     reuse_port: bool = False              # share the port with sibling worker processes (SO_REUSEPORT)
+    timeouts: HttpTimeouts = HttpTimeouts()   # toward clients: header, body, idle (services.httpserver)
 
     @property
     def deadlines(self) -> Deadlines:
@@ -132,6 +135,7 @@ class FrontDoor:
         self._deadlines = config.deadlines
         self._models: tuple[float, list] = (0.0, [])
         self._open: dict[str, int] = {}             # open completions by tenant (max_tenant_requests)
+        self.budget = None                          # services.dispatcher.budget.SharedBudget, set by the service
         self._requests = Counter("cacheroute_http_requests", "HTTP API requests by endpoint and status",
                                  ["endpoint", "status"], registry=registry)
 
@@ -261,7 +265,9 @@ class FrontDoor:
         forwarded = request.headers.get("Authorization") if self.config.forward_client_auth else None
         call = ApiCall(path, doc, body, req, key, self._deadlines, salt, forwarded)
         try:
-            served = await self.dispatcher.dispatch(Job(key, time.time(), prompt_tokens, 0, shared),
+            now = time.time()
+            counted = lambda: self._within_budget(request, tenant, now)  # noqa: E731 - asked once served
+            served = await self.dispatcher.dispatch(Job(key, now, prompt_tokens, 0, shared, counted=counted),
                                                     lambda backend: backend.complete(call))
         except EngineError as error:
             raise http_error(error) from None
@@ -269,6 +275,13 @@ class FrontDoor:
             return await self._send(request, served)
         finally:
             await served.close()
+
+    async def _within_budget(self, request: web.Request, tenant: str, now: float) -> bool:
+        """Whether this request's arrival may count as planner input (services/dispatcher/budget.py)."""
+        if self.budget is None or not self.budget.bounded:
+            return True
+        caller = http_caller(tenant, self.keyring.enabled, request.remote)
+        return caller is None or await self.budget.take(caller, 1, now) == 1
 
     async def _send(self, request: web.Request, served: Served) -> web.StreamResponse:
         """Write the engine's Reply to the client: whole, or event by event."""
@@ -336,7 +349,7 @@ class HttpApi:
         from services.httpserver import start_http
 
         self.running = await start_http(self.front.app(), self.config.host, self.config.port,
-                                        reuse_port=self.config.reuse_port)
+                                        reuse_port=self.config.reuse_port, timeouts=self.config.timeouts)
         return self
 
     async def stop(self) -> None:

@@ -12,9 +12,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.auth import EngineKeys, KeyRing
 from services.backends import make_backend
+from services.dispatcher.budget import BudgetConfig, SharedBudget
 from services.dispatcher.cachestats import CacheStatsSender, CacheUsage
 from services.dispatcher.dispatch import Dispatcher
-from services.dispatcher.budget import BudgetConfig, CallerBudget
 from services.dispatcher.http import HttpApi, HttpConfig
 from services.dispatcher.monitor import Ejection, ReplicaMonitor
 from services.dispatcher.plans import EngineFeed, PlanFeed
@@ -131,6 +131,10 @@ class DispatcherService:
                                          interval=config.telemetry_interval, tls=tls,
                                          token=config.server.auth_token)
                          if config.collector else None)
+        # one per-caller telemetry budget for gRPC and HTTP arrivals, in the store when there is one
+        self.budget = SharedBudget(config.budget, self.store)
+        if config.budget.scope == "shared" and self.store is None and config.budget.rate > 0:
+            log.info("caller budget: no store (--redis), one budget per dispatcher")
         self.running: RunningServer | None = None
         self.http: HttpApi | None = None
         self.ext_proc = None               # grpc.aio.Server of the endpoint picker, when on
@@ -154,7 +158,7 @@ class DispatcherService:
         ring = data_plane_keys(self.config)
         self.dispatcher = Dispatcher(self.router, self.monitor, self.usage, metrics.registry)
         servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
-                                      budget=CallerBudget(self.config.budget), keyring=ring,
+                                      budget=self.budget, keyring=ring,
                                       dispatcher=self.dispatcher, forward_client_auth=self.config.http.forward_client_auth)
         self.running = await start_server(self.config.server,
                                           [(dispatcher_pb2_grpc.add_DispatcherServicer_to_server, servicer)],
@@ -162,6 +166,7 @@ class DispatcherService:
         if self.config.http.port >= 0:
             self.http = await HttpApi(self.router, self.dispatcher, self.config.http, ring,
                                       registry=metrics.registry).start()
+            self.http.front.budget = self.budget
         if self.config.ext_proc_port >= 0:
             from services.dispatcher.extproc import start_ext_proc
             self.ext_proc, self.ext_proc_port = await start_ext_proc(

@@ -19,7 +19,8 @@ from services.dispatcher.dispatch import Dispatcher, Job, first_chunk, grpc_erro
 from services.core import routing
 from services.core.policy import NoHealthyReplica
 from services.core.request import BLOCK_TOKENS
-from services.dispatcher.budget import BudgetConfig, CallerBudget
+from services.dispatcher.batches import batch_keys, route_batch
+from services.dispatcher.budget import BudgetConfig, SharedBudget
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.router import Router
 from services.errors import InvalidArgument, Unavailable
@@ -134,7 +135,7 @@ def peer_host(context) -> str:
 
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
     def __init__(self, router: Router, monitor: ReplicaMonitor, rules: KeyRules, dispatcher_id: str, *,
-                 budget: CallerBudget | None = None, keyring=None, dispatcher: Dispatcher | None = None,
+                 budget: SharedBudget | None = None, keyring=None, dispatcher: Dispatcher | None = None,
                  forward_client_auth: bool = False) -> None:
         self.router = router
         self.monitor = monitor
@@ -142,7 +143,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         self.forward_client_auth = forward_client_auth   # the caller's authorization to HTTP engines
         self.rules = rules
         self.dispatcher_id = dispatcher_id
-        self.budget = budget or CallerBudget(BudgetConfig(rate=0))
+        self.budget = budget or SharedBudget(BudgetConfig(rate=0))
         self.keyring = keyring              # services.auth.KeyRing: callers are tenants when it has keys
         self._ids = router.ids
         self._addresses = tuple(r.address for r in router.replicas)
@@ -169,11 +170,11 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
             return "tenant:" + tenant if tenant else None
         return peer_host(context)
 
-    def _granted(self, context, n: int, now: float) -> int:
+    async def _granted(self, context, n: int, now: float) -> int:
         if not self.budget.bounded:
             return n
         caller = self.caller(context)
-        return n if caller is None else self.budget.take(caller, n, now)
+        return n if caller is None else await self.budget.take(caller, n, now)
 
     def _route(self, key: str, prompt_tokens: int, prefix_tokens: int, now: float, *, report: bool = True,
                avoid: int = -1, blocks=()):
@@ -192,7 +193,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
     async def Route(self, request, context) -> common_pb2.RouteDecision:
         key, prefix_tokens = route_key(request, self.rules)
         now = time.time()
-        report = self._granted(context, 1, now) == 1
+        report = await self._granted(context, 1, now) == 1
         blocks = request.prefix.block_hashes if self.router.prefix_nodes and request.HasField("prefix") else ()
         pick = self._route(key, request.prompt_tokens, prefix_tokens, now, report=report, blocks=blocks)
         if not report:
@@ -202,21 +203,18 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
     async def RouteBatch(self, request, context) -> dispatcher_pb2.RouteBatchResponse:
         requests = request.requests
         if len(requests) > self.rules.max_batch:
-            raise InvalidArgument(f"batch of {len(requests)} exceeds {self.rules.max_batch} requests")
+            raise InvalidArgument(f"batch of {len(requests)} requests is over the cap of {self.rules.max_batch} "
+                                  "(--max-batch)")
         rules, quick = self.rules, MAX_KEY_BYTES // 4
         # a non-empty `key` is the oneof's source; up to 64 characters it is a valid key
-        keys = [(k, 0) if 0 < len(k := r.key) <= quick else route_key(r, rules) for r in requests]  # all, first
-        version = self.router.plan_version
+        keys = await batch_keys(requests, lambda r: (k, 0) if 0 < len(k := r.key) <= quick else route_key(r, rules))
         now = time.time()
-        granted = self._granted(context, len(keys), now)
-        try:
-            picks = self.router.route_many(
-                ((key, r.prompt_tokens, prefix) for r, (key, prefix) in zip(requests, keys)), now,
-                report=(granted, len(keys)) if granted < len(keys) else None)
+        granted = await self._granted(context, len(keys), now)
+        self._follow_slots()
+        try:   # in slices, yielding the loop between them (services/dispatcher/batches.py)
+            wire = await route_batch(self.router, self._encoder, requests, keys, now, granted)
         except NoHealthyReplica:
             raise Unavailable("no healthy replica") from None
-        self._follow_slots()
-        wire = self._encoder.encode(picks, [key for key, _ in keys], version)
         return dispatcher_pb2.RouteBatchResponse.FromString(wire)
 
     async def Generate(self, request, context) -> AsyncIterator[engine_pb2.GenerateChunk]:
@@ -226,7 +224,12 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
             blocks = routing.cacheable_blocks(request.blocks.block_hashes, prompt_tokens)
         timeout = context.time_remaining() or self.rules.generate_timeout
         forwarded = self._forwarded(context)
-        job = Job(key, time.time(), prompt_tokens, prefix_tokens, prefix_tokens, blocks)
+        now = time.time()
+
+        async def counted() -> bool:
+            return await self._granted(context, 1, now) == 1
+
+        job = Job(key, now, prompt_tokens, prefix_tokens, prefix_tokens, blocks, counted=counted)
         try:
             served = await self.dispatcher.dispatch(
                 job, lambda backend: first_chunk(backend.generate(request, timeout, authorization=forwarded)))

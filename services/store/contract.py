@@ -269,6 +269,16 @@ class Store(abc.ABC):
         `fencing_token` is given and not the lease's. Kept in the plans' hash slot, so one
         Redis Cluster slot holds every piece of control state. Returns `engines`."""
 
+    # ---- caller budgets
+
+    @abc.abstractmethod
+    async def take_budget(self, caller: str, n: int, *, rate: float, burst: float, now: float) -> int:
+        """How many of `n` arrivals `caller` may report at `now`, from one token bucket per
+        caller shared by every client of the store: `rate` tokens a second (> 0), up to
+        `burst`; a new bucket starts full. A `now` behind the bucket's last refill (another
+        client's clock) refills nothing. An idle bucket disappears once it would be full
+        again. Atomic per call (services/dispatcher/budget.py says why it exists)."""
+
     # ---- lease
 
     @abc.abstractmethod

@@ -13,6 +13,7 @@ Cache-counter fields: one per replica and counter, "REPLICA|p" (prompt tokens), 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import operator
 from collections import defaultdict
 from typing import Sequence
@@ -42,6 +43,11 @@ class Keys:
     def cache(self, name: str) -> str:
         """A cache-counter key: b:IDX, total or seen:BATCH."""
         return f"{self.prefix}:{{cache}}:{name}"
+
+    def budget(self, caller: str) -> str:
+        """A caller's telemetry budget (a hash: t, at), one slot per caller: the caller's name
+        hashed, so its length and characters never reach the key."""
+        return f"{self.prefix}:{{budget:{hashlib.blake2b(caller.encode(), digest_size=8).hexdigest()}}}"
 
     def plans(self, name: str) -> str:
         """A plan-state key: seq, plan:V, summary:V, index, active, history, mode, pinned,

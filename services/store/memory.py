@@ -58,6 +58,7 @@ class MemoryStore(Store):
         self._clock = clock
         self._buckets: dict[int, dict[str, dict[str, list]]] = {}
         self._since: float | None = None
+        self._budgets: dict[str, tuple[float, int, float]] = {}   # caller -> (tokens, at ms, expires ms)
         self._seen: dict[str, float] = {}                      # marker -> expiry
         self._cache_b: dict[int, dict[str, list[int]]] = {}
         self._cache_total: dict[str, list[int]] = {}
@@ -391,6 +392,22 @@ class MemoryStore(Store):
             raise stale_engines(self._engines[0])
         self._engines = (engines.version, engines_blob(engines))
         return engines
+    async def take_budget(self, caller: str, n: int, *, rate: float, burst: float, now: float) -> int:
+        self._check()
+        if n <= 0:
+            return 0
+        now_ms = int(now * 1000)
+        tokens, at, expires = self._budgets.get(caller, (burst, now_ms, math.inf))
+        if now_ms >= expires:
+            tokens, at = burst, now_ms
+        elif now_ms > at:
+            tokens, at = min(burst, tokens + (now_ms - at) / 1000 * rate), now_ms
+        granted = max(0, min(n, math.floor(tokens)))
+        tokens -= granted
+        self._budgets[caller] = (tokens, at, now_ms + math.ceil((burst - tokens) / rate * 1000) + 1000)
+        if len(self._budgets) > 100_000:          # the Redis keys' TTL, done by sweeping
+            self._budgets = {c: b for c, b in self._budgets.items() if b[2] > now_ms}
+        return granted
 
     async def ping(self) -> None:
         self._check()

@@ -131,6 +131,7 @@ class RedisStore(Store):
         self._renew = r.register_script(SCRIPTS["renew"])
         self._next_version = r.register_script(SCRIPTS["next_version"])
         self._put_engines = r.register_script(SCRIPTS["put_engines"])
+        self._budget = r.register_script(SCRIPTS["budget"])
         self._seen_version = 0   # highest version seen in the store (reset detection, no reuse)
         self.unreplicated_writes = 0   # plan writes whose WAIT saw fewer replicas than asked
         self._cluster_ready = False
@@ -568,6 +569,13 @@ class RedisStore(Store):
         return engines
 
     # ---- lease
+
+    async def take_budget(self, caller: str, n: int, *, rate: float, burst: float, now: float) -> int:
+        if n <= 0:
+            return 0
+        async with self._guard():
+            return int(await self._budget(keys=[self.keys.budget(caller)],
+                                          args=[n, repr(float(rate)), repr(float(burst)), int(now * 1000)]))
 
     async def acquire_lease(self, holder: str, ttl_seconds: float) -> int | None:
         async with self._guard():

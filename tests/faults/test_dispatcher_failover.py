@@ -15,6 +15,13 @@ from tests.faults.traffic import RouteTraffic
 pytestmark = [pytest.mark.timeout(60)]
 
 
+def _until(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
 def test_client_fails_over_when_a_dispatcher_is_killed(procs: Procs):
     engines = [procs.spawn("engine", f"engine-{i}", ["--replica-id", f"engine-{i}", "--time-scale", "0.01"])
                for i in (1, 2)]
@@ -26,10 +33,11 @@ def test_client_fails_over_when_a_dispatcher_is_killed(procs: Procs):
 
     traffic = RouteTraffic([d.address for d in dispatchers], retry=RetryPolicy(rounds=3)).start()
     try:
-        time.sleep(1.0)
+        # counts of calls, not fixed sleeps: on a loaded machine the client makes fewer a second
+        _until(lambda: len(traffic.calls) > 150, 30)
         dispatchers[0].proc.send_signal(signal.SIGKILL)      # the one the client prefers
         killed = time.monotonic()
-        time.sleep(1.5)
+        _until(lambda: len(traffic.since(killed + 0.5)) > 150, 30)
     finally:
         calls = traffic.stop()
     before = [c for c in calls if c.at < killed - 0.05]

@@ -37,7 +37,7 @@ def test_an_engine_silent_past_the_first_byte_timeout_is_a_504_and_a_failure(mod
                                         headers={"x-cacheroute-key": "k"}) as resp:
                     data = await resp.read()
                     assert resp.headers["x-cacheroute-replica"] == "e0"
-                assert time.monotonic() - start < 2.0
+                assert time.monotonic() - start < 5.0    # 0.5 s first-byte timeout, not the default 60 s
                 assert (resp.status == 504) if mode == "hang" else (b'"code":504' in data or b"504" in data), data
                 assert not service.router.state.healthy[0], "the silent replica stayed in rotation"
                 async with session.post(service.http_url + "/v1/chat/completions", json=body,

@@ -19,6 +19,16 @@ from clients import CacheRouteClient
 from services.store.connect import sync_client
 
 
+def _telemetry_buckets(url: str) -> list[bytes]:
+    """The arrival buckets in the cluster (a closed bucket a window read sealed is one blob)."""
+    client = sync_client(url)
+    try:
+        return [k for node in client.get_primaries() for k in client.scan_iter(match="cr:{tb:*}:*", target_nodes=node)
+                if k.endswith((b":n", b":sealed"))]
+    finally:
+        client.close()
+
+
 @pytest.mark.timeout(120)
 def test_up_runs_on_a_redis_cluster(redis_cluster, redis_cluster_url, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "up", "--json", "--redis", redis_cluster_url,
@@ -47,7 +57,10 @@ def test_up_runs_on_a_redis_cluster(redis_cluster, redis_cluster_url, tmp_path):
             stored = client.get_plan(version)
             ids = list(stored.inputs.replica_ids)
             owners = {ids[i] for e in stored.table if e.key == "tenant-a" for i in e.replicas}
-            time.sleep(1.5)                           # one telemetry flush (0.5 s) into the cluster
+            deadline = time.monotonic() + 20          # telemetry flushes every 0.5 s: poll, never a fixed sleep
+            while not _telemetry_buckets(redis_cluster_url):
+                assert time.monotonic() < deadline, "no arrival telemetry reached the cluster"
+                time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -64,8 +77,6 @@ def test_up_runs_on_a_redis_cluster(redis_cluster, redis_cluster_url, tmp_path):
     client = sync_client(redis_cluster_url)
     try:
         assert int(client.get("cr:{plans}:active")) == version
-        buckets = [k for node in client.get_primaries() for k in client.scan_iter(match="cr:{tb:*}:*", target_nodes=node)
-                   if k.endswith((b":n", b":sealed"))]      # a closed bucket a window read sealed: one blob
     finally:
         client.close()
-    assert buckets, "no arrival telemetry reached the cluster"
+    assert _telemetry_buckets(redis_cluster_url), "no arrival telemetry reached the cluster"

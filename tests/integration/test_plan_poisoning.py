@@ -24,6 +24,7 @@ from services.planner.service import PlannerConfig, PlannerService
 from services.planner.control import LoopConfig
 from services.rpc import ServerConfig
 from services.store import RedisStore, TelemetryConfig
+from tests.integration.test_dispatcher import wait_until
 
 TOKEN = "deployment-token"
 TENANTS = 20
@@ -96,7 +97,13 @@ def test_made_up_route_batches_do_not_displace_real_tenants(redis_url):
                 stop.set()
                 await asyncio.gather(*tenants)
                 out["tenant_requests"] = sent[0]
-                await asyncio.sleep(0.5)                                        # last telemetry flush
+                # the last telemetry flush: the dispatcher's buffer and the collector's queue both
+                # empty at two polls 0.1 s apart (a deadline, not a fixed sleep: a loaded machine waits longer)
+                async def flushed():
+                    return not dispatcher.router.telemetry and collector.ingestor.queue.qsize() == 0
+                await wait_until(flushed, timeout=15, step=0.1)
+                await asyncio.sleep(0.1)
+                await wait_until(flushed, timeout=15, step=0.1)
                 built = await planner_pb2_grpc.PlannerStub(pch).BuildPlan(pb.BuildPlanRequest(), metadata=bearer(TOKEN),
                                                                           timeout=30)
                 out["admitted"] = {e.key for e in built.plan.table}

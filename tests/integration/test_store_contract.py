@@ -403,3 +403,35 @@ def test_engine_set_is_versioned_compare_and_set_and_fenced(make_store):
     assert [(e.slot, e.id, e.address, e.state) for e in stored.engines] == [
         (0, "e0", "127.0.0.1:1", "active"), (1, "b", "127.0.0.1:2", "draining")]
     assert stored.engines[1].changed_at == T0 + 1
+
+# ------------------------------------------------------------------ caller budgets
+
+
+def test_budget_is_a_token_bucket_per_caller(make_store):
+    async def scenario(store):
+        take = lambda caller, n, at: store.take_budget(caller, n, rate=10.0, burst=20.0, now=T0 + at)  # noqa: E731
+        return [await take("a", 15, 0.0), await take("a", 15, 0.0),     # a full bucket of 20: 15, then 5
+                await take("b", 25, 0.0),                                # another caller: its own bucket
+                await take("a", 100, 0.5),                               # 0.5 s at 10/s: 5 more
+                await take("a", 100, 0.4),                               # a clock behind: nothing refilled
+                await take("a", 100, 60.0),                              # long idle: full again, not more
+                await take("a", 0, 61.0), await take("a", -3, 61.0)]
+
+    assert run(make_store, scenario) == [15, 5, 20, 5, 0, 20, 0, 0]
+
+
+@pytest.mark.parametrize("url_fixture", ["redis_url", "redis_cluster_url"])
+def test_budget_is_shared_by_every_client_of_the_store(url_fixture, request):
+    """Two RedisStore clients (two dispatchers) draw on one bucket (a MemoryStore has one client)."""
+    url = request.getfixturevalue(url_fixture)
+    make_store = lambda: RedisStore(url, telemetry=CFG)   # noqa: E731
+
+    async def scenario(store):
+        other = make_store()          # a second dispatcher's connection to the same store
+        try:
+            got = [await s.take_budget("t", 7, rate=1.0, burst=10.0, now=T0) for s in (store, other, store)]
+        finally:
+            await other.close()
+        return got
+
+    assert run(make_store, scenario) == [7, 3, 0]

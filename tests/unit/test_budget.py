@@ -61,3 +61,37 @@ def test_route_avoids_a_replica_unless_it_is_the_only_healthy_one():
     with pytest.raises(NoHealthyReplica):
         r.route("k", 0.0, avoid=0)
     assert r.state.healthy == [True, False]
+
+
+def test_http_callers_are_named_as_grpc_callers():
+    from services.dispatcher.budget import http_caller
+
+    assert http_caller("acme", True, "10.0.0.5") == "tenant:acme"
+    assert http_caller("", True, "10.0.0.5") is None                 # the deployment token: not budgeted
+    assert http_caller("", False, "10.0.0.5") == "ipv4:10.0.0.5"      # as services.dispatcher.servicer.peer_host
+    assert http_caller("", False, "::1") == "ipv6:[::1]"
+    assert http_caller("", False, None) == "ipv4:local"
+
+
+def test_shared_budget_uses_the_store_and_falls_back_to_the_local_bucket():
+    import asyncio
+
+    from services.dispatcher.budget import SharedBudget
+    from services.store import MemoryStore
+
+    async def main():
+        store = MemoryStore()
+        shared = SharedBudget(BudgetConfig(rate=10, burst=20), store, retry_after=2.0)
+        other = SharedBudget(BudgetConfig(rate=10, burst=20), store)          # a second dispatcher
+        got = [await shared.take("t", 15, 0.0), await other.take("t", 15, 0.0)]
+        store.down = True
+        got += [await shared.take("t", 15, 0.1), shared.fallbacks]           # the local bucket, full
+        store.down = False
+        got += [await shared.take("t", 5, 1.0), await shared.take("t", 5, 2.2)]   # still local; then the store
+        local = SharedBudget(BudgetConfig(rate=10, burst=20, scope="local"), store)
+        got += [local.shared, await local.take("u", 25, 0.0)]
+        return got
+
+    # the store's bucket: 15 + 5 of 20; then local: 15 (and 15 counted as fallbacks), then
+    # 5 more locally (1 s later); at 2.2 s back on the store (2.2 s x 10/s refilled, capped at 20)
+    assert asyncio.run(main()) == [15, 5, 15, 15, 5, 5, False, 20]
