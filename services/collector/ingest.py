@@ -156,9 +156,25 @@ def prefix_rows(arrivals, rows: list, good: list) -> list[tuple[float, str, int]
     return out
 
 
+def home_rows(arrivals, rows: list, good: list) -> list[tuple[float, str, str]]:
+    """(time, key, replica id) of the valid arrivals that name the replica they were sent to
+    (1..64 bytes; others are kept as arrivals and carry no home)."""
+    if len(good) == len(rows):
+        keep: Iterable[int] = range(len(rows))
+    else:
+        valid = set(good)
+        keep = [i for i, r in enumerate(rows) if r in valid]
+    out = []
+    for i in keep:
+        a = arrivals[i]
+        if 0 < len(a.replica) <= 64:
+            out.append((a.time, a.key, a.replica))
+    return out
+
+
 @dataclass(slots=True)
 class _Item:
-    kind: str                                  # "arrivals" | "cache" | "prefix"
+    kind: str                                  # "arrivals" | "cache" | "prefix" | "homes"
     batch_id: str
     records: list
     tally: Tally
@@ -225,6 +241,9 @@ class Ingestor:
                 prefix = prefix_rows(batch.arrivals, rows, good)
                 if prefix:
                     await self._put(_Item("prefix", batch.batch_id, prefix, tally))
+                homes = home_rows(batch.arrivals, rows, good)
+                if homes:
+                    await self._put(_Item("homes", batch.batch_id, homes, tally))
         await tally.wait()
         return tally
 
@@ -309,6 +328,8 @@ class Ingestor:
                 self._landed(it, done.counted)
             elif it.kind == "prefix":
                 await self.store.record_prefix_counts(it.batch_id, it.records)   # tallied with its arrivals
+            elif it.kind == "homes":
+                await self.store.record_homes(it.records)                        # tallied with its arrivals
 
     def _landed(self, it: _Item, counted: bool) -> None:
         it.tally.landed(len(it.records), counted)

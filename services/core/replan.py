@@ -97,6 +97,7 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     anchors = _anchor_rows(active, replica_ids, order)
     admitted = exact_sum(lam)
     home_floor = home_rho * float(q_cap) if homes is not None else 0.0
+    tolerance = max(tolerance, noise_tolerance(cold_load + admitted / R, window_seconds))
     home_limit = max(home_floor, (cold_load + admitted / R) * scratch_imbalance * (1.0 + tolerance))
     rows, loads, changed = _place_anchored(order, lam, k, anchors, R, cold_load, homes=homes, limit=home_limit)
     limit = max(home_floor, math.fsum(loads) / R * scratch_imbalance * (1.0 + tolerance))
@@ -115,6 +116,24 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
         churn=_churn(anchors, rows, lam, admitted),
     )
     return plan
+
+
+def served_homes(served_at: Mapping[str, int], fallback: Callable[[str], int]) -> Callable[[str], int]:
+    """key -> the replica its latest request was served on (telemetry's record, issue 23: the
+    cold tail balances first-sight keys, so admitting a key anywhere else moves its cache),
+    else `fallback` (the ring home)."""
+    get = served_at.get
+    return lambda key: r if (r := get(key)) is not None else fallback(key)
+
+
+def noise_tolerance(mean_rate: float, window_seconds: float) -> float:
+    """Two standard errors of a replica's windowed load estimate: `mean_rate` req/s counted over
+    `window_seconds` is a Poisson count of n = rate x window arrivals, so the estimate's relative
+    error is 1/sqrt(n). A replica looking this much over the mean may not be over it at all, and
+    moving keys off it for that (each move re-warms the key elsewhere) chases noise; 0 without a
+    window (no estimate to doubt)."""
+    n = mean_rate * window_seconds
+    return 2.0 / math.sqrt(n) if n > 0 else 0.0
 
 
 def build_at_home(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica_ids: Sequence[str],

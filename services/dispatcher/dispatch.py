@@ -180,7 +180,8 @@ class Dispatcher:
             if opened.status == 200:     # served: the engine took the request, so it is planner input
                 counted = job.counted if isinstance(job.counted, bool) else await job.counted()
                 if counted:
-                    router.record_arrival(job.key, job.now, job.prompt_tokens, job.shared_tokens, job.blocks)
+                    router.record_arrival(job.key, job.now, job.prompt_tokens, job.shared_tokens, job.blocks,
+                                          replica=i)
                 else:                    # its caller is over its telemetry budget
                     router.telemetry_capped += 1
             return Served(self, i, pick, opened)

@@ -267,7 +267,7 @@ class FrontDoor:
         try:
             now = time.time()
             counted = lambda: self._within_budget(request, tenant, now)  # noqa: E731 - asked once served
-            served = await self.dispatcher.dispatch(Job(key, now, prompt_tokens, 0, shared, counted=counted),
+            served = await self.dispatcher.dispatch(Job(key, now, prompt_tokens, shared, shared, counted=counted),
                                                     lambda backend: backend.complete(call))
         except EngineError as error:
             raise http_error(error) from None

@@ -134,19 +134,18 @@ class Router:
         self.routed_to[i] += 1
         self.counts[pick.reason] += 1
         if report:
-            self.record_arrival(key, now, prompt_tokens, prefix_tokens, blocks)
+            self.record_arrival(key, now, prompt_tokens, prefix_tokens, blocks, replica=i)
         return pick
 
     def record_arrival(self, key: str, now: float, prompt_tokens: int = 0, prefix_tokens: int = 0,
-                       blocks: Sequence[int] = ()) -> None:
-        """Buffer one arrival; with prefix nodes on and `blocks` given, with its prefix chain
-        (a 5th element: the block hashes at NODE_DEPTHS)."""
+                       blocks: Sequence[int] = (), *, replica: int = -1) -> None:
+        """Buffer one arrival as (key, time, prompt tokens, prefix tokens, prefix chain, replica id):
+        the chain (block hashes at NODE_DEPTHS) with prefix nodes on and `blocks` given, else ();
+        the id of the replica it was sent to, else "" (the planner's served homes)."""
         buf = self.telemetry
         if len(buf) < self.telemetry_capacity:
-            if self.prefix_nodes and blocks:
-                buf.append((key, now, prompt_tokens, prefix_tokens, chain_ids(blocks)))
-            else:
-                buf.append((key, now, prompt_tokens, prefix_tokens))
+            chain = chain_ids(blocks) if self.prefix_nodes and blocks else ()
+            buf.append((key, now, prompt_tokens, prefix_tokens, chain, self.ids[replica] if replica >= 0 else ""))
         else:
             self.telemetry_dropped += 1
 
@@ -157,7 +156,7 @@ class Router:
         the `total` arrivals for telemetry, drawn at random through the batch (a uniform
         sample, so the caller's key mix is kept whatever the batch's order); the rest count as
         `telemetry_capped`. None: all. On NoHealthyReplica the earlier ones stay routed."""
-        probe, pick, state = self._probe, self.policy.pick, self.state
+        probe, pick, state, ids = self._probe, self.policy.pick, self.state, self.ids
         in_flight, recent, routed_to, counts = state.in_flight, self.recent, self.routed_to, self.counts
         buf, room = self.telemetry, self.telemetry_capacity - len(self.telemetry)
         sample = None if report is None else set(self._rng.sample(range(report[1]), min(report)))
@@ -173,7 +172,7 @@ class Router:
             if sample is not None and n not in sample:
                 self.telemetry_capped += 1
             elif room > 0:
-                buf.append((key, now, prompt_tokens, prefix_tokens))
+                buf.append((key, now, prompt_tokens, prefix_tokens, (), ids[i]))
                 room -= 1
             else:
                 self.telemetry_dropped += 1
@@ -207,6 +206,9 @@ class Router:
         """Swap a prepared plan in (event loop; constant time)."""
         plan, policy = prepared
         policy.set_flat_fallback(flat)   # type: ignore[attr-defined]
+        carry = getattr(policy, "carry_memory", None)
+        if carry is not None and self.policy is not None:
+            carry(self.policy)           # the cold tail's key -> replica memory outlives the plan
         self.policy = policy
         self.plan = plan
         self.plan_version = plan.version if plan is not None else 0

@@ -1,6 +1,6 @@
 """Arrival telemetry from a dispatcher to the collector, off the request path.
 
-`Router.route` appends (key, time, prompt tokens, prefix tokens) to a bounded buffer
+`Router.route` appends (key, time, prompt tokens, prefix tokens, prefix chain, replica id) to a bounded buffer
 (full: the arrival is dropped and counted). Every `interval` seconds this task drains the
 buffer and sends it as ArrivalBatch messages of at most `batch_size` arrivals on one
 client-streaming ReportArrivals call with a deadline, presenting the deployment's bearer
@@ -36,13 +36,13 @@ class ArrivalReporter(PeriodicSender):
         self.sent_arrivals = 0
         self.sent_batches = 0
 
-    def _batches(self, arrivals: list[tuple[str, float, int, int]]) -> list[collector_pb2.ArrivalBatch]:
+    def _batches(self, arrivals: list[tuple]) -> list[collector_pb2.ArrivalBatch]:
         out = []
         for start in range(0, len(arrivals), self.batch_size):
             batch = collector_pb2.ArrivalBatch(batch_id=self.next_batch_id(self.source), source=self.source)
             batch.arrivals.extend(
                 collector_pb2.Arrival(key=a[0], time=a[1], prompt_tokens=a[2], prefix_tokens=a[3],
-                                      prefix_nodes=a[4] if len(a) > 4 else ())
+                                      prefix_nodes=a[4] if len(a) > 4 else (), replica=a[5] if len(a) > 5 else "")
                 for a in arrivals[start:start + self.batch_size])
             out.append(batch)
         return out

@@ -39,7 +39,7 @@ import numpy as np
 
 from services.core.plan import Plan, SwitchDecision
 from services.core.planning import build_plan, with_churn
-from services.core.replan import build_at_home, replan_incremental, ring_homes
+from services.core.replan import build_at_home, replan_incremental, ring_homes, served_homes
 from services.core.switching import SwitchConfig, WindowColumns, decide_switch, decide_switch_window
 from services.model import ControlState, RatesSnapshot
 from services.store import Store
@@ -94,6 +94,7 @@ class BuildInputs:
     prompt_tokens: float = 0.0             # prompt tokens of the window's arrivals
     achieved_hit_rate: float | None = None  # cached / prompt tokens the engines reported over the window
     window: WindowColumns | None = None    # rates and prefix tokens in columns (a snapshot's), for `decide`
+    served: Mapping[str, int] = dataclasses.field(default_factory=dict)   # key -> replica index it was last served on
 
     @classmethod
     def from_snapshot(cls, snap: RatesSnapshot, replica_ids: Sequence[str], q_cap: float, warm_slots: int) -> "BuildInputs":
@@ -110,8 +111,9 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
     rebalancing moves; None: unbounded), else LPT from scratch. `prefix`: the prefix-aware,
     sticky plan (services.core.prefixes.build_prefix_plan; the simulator's cacheroute-prefix),
     with the window's available and achieved hit rates in `extra`. `cold_homes`: new keys start on
-    their cold-tail ring home when balance allows (services.core.replan.ring_homes), in a
-    churn-aware build and in a first plan (`build_at_home`)."""
+    the replica telemetry last saw them served on (`inputs.served`), else their cold-tail ring
+    home, when balance allows (services.core.replan.served_homes, ring_homes), in a churn-aware
+    build and in a first plan (`build_at_home`)."""
     if prefix:
         from services.core.prefixes import build_prefix_plan
 
@@ -124,15 +126,16 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
         if inputs.achieved_hit_rate is not None:
             plan = dataclasses.replace(plan, extra={**plan.extra, "achieved_hit_rate": inputs.achieved_hit_rate})
         return plan
+    homes = served_homes(inputs.served, ring_homes(len(inputs.replica_ids))) if cold_homes else None
     if incremental and active is not None:
         plan = replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
                                   inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves,
-                                  homes=ring_homes(len(inputs.replica_ids)) if cold_homes else None)
+                                  homes=homes, window_seconds=inputs.window_seconds)
         plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
         return with_churn(plan, active) if plan.churn is None else plan
     if cold_homes and active is None:
         return build_at_home(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
-                             ring_homes(len(inputs.replica_ids)), version=version, created_at=created_at,
+                             homes, version=version, created_at=created_at,
                              rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
     return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
                       version=version, parent=active, created_at=created_at,

@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from services.core.plan import Plan
 from services.core.rates import nested_window_rates
@@ -243,6 +243,8 @@ class ControlLoop:
         if not replicas:
             return "skipped: no active engines"
         inputs = BuildInputs.from_snapshot(snap, replicas, cfg.q_cap, cfg.warm_slots)
+        if cfg.cold_homes:
+            inputs = dataclasses.replace(inputs, served=await self.served(replicas, now))
         if cfg.prefix:
             inputs = await self.prefix_inputs(inputs, snap, now)
 
@@ -266,6 +268,13 @@ class ControlLoop:
                                           admitted=plan.admitted_keys, churn=plan.churn,
                                           imbalance=plan.predicted_imbalance, reason=plan.decision.reason))
         return outcome
+
+    async def served(self, replicas: Sequence[str], now: float) -> dict[str, int]:
+        """key -> index in `replicas` of the replica telemetry last saw it served on (within the
+        window; replicas no longer in the set are left out)."""
+        index = {rid: i for i, rid in enumerate(replicas)}
+        homes = await self.store.served_homes(now, self.config.window_seconds)
+        return {key: index[rid] for key, rid in homes.items() if rid in index}
 
     async def prefix_inputs(self, inputs: BuildInputs, snap, now: float) -> BuildInputs:
         """The window's prefix-node samples, prompt tokens and achieved hit rate, for a prefix plan."""

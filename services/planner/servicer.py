@@ -257,6 +257,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         now = self.clock()
         explicit = any(len(p) for p in parts)
         inputs = await self._build_inputs(request, parts, now)
+        if self.loop.config.cold_homes and not explicit:
+            inputs = dataclasses.replace(inputs, served=await self.loop.served(inputs.replica_ids, now))
 
         def check(state: ControlState) -> None:   # refusals the activation would meet
             if request.activate and state.active_version != request.expected_active_version:

@@ -51,7 +51,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -206,6 +206,7 @@ class Simulator:
         if len(self._index) != n:
             raise ValueError("request ids must be unique")
         self._replica = [-1] * n
+        self._served_at: dict[str, int] = {}   # key -> replica of its latest request (telemetry's homes)
         self._ttft = [math.nan] * n
         self._cached = [0] * n
         self._failed = [False] * n
@@ -306,6 +307,7 @@ class Simulator:
             self._failed[i] = True   # larger than the replica's whole KV pool
             return
         self._replica[i] = r
+        self._served_at[q.key] = r
         self._spilled[i] = reason == Reason.FALLBACK
         self._arrival_at[i] = t
         self.state.in_flight[r] += 1
@@ -398,6 +400,8 @@ class Simulator:
         version = (self._plan.version + 1) if self._plan is not None else 1
         plan_fn = cfg.plan_fn or (prefix_plan_fn if self._nodes is not None else default_plan_fn)
         more = {}
+        if plan_fn is default_plan_fn:
+            more = {"served_at": dict(self._served_at)}
         if self._nodes is not None:
             more = {"nodes": self._nodes.samples(), "prompt_tokens": self._nodes.prompt_tokens,
                     "prefix_tokens": [self._prefix[k] for k in keys]}
@@ -482,21 +486,25 @@ class Simulator:
 
 def default_plan_fn(*, now: float, keys: list[str], rates: list[float], healthy: list[bool],
                     active: Plan | None, q_cap: float, warm_slots: int, version: int, replicas: int,
-                    window: float) -> Plan:
+                    window: float, served_at: Mapping[str, int] | None = None) -> Plan:
     """The planner's churn-aware lifecycle (services.planner.candidate with its defaults): the
     first plan admits each key on its cold-tail ring home where balance allows (`build_at_home`),
     every later one re-plans from the active plan (`replan_incremental`), so a key keeps its
-    replicas unless moving it pays. Every interval's plan is installed (the planner's switching
+    replicas unless moving it pays. A newly admitted key's home is the replica its latest request
+    was served on (`served_at`, what the planner reads from telemetry), else its ring home: the
+    cold tail balances first-sight keys live, so the ring alone would move many of them at
+    admission. Every interval's plan is installed (the planner's switching
     rule and shadow gate are experiments/harness's). Over all replicas (policies skip unhealthy
     ones). `scratch_plan_fn` is the paper's fresh LPT plan every interval."""
-    from services.core.replan import build_at_home, replan_incremental, ring_homes
+    from services.core.replan import build_at_home, replan_incremental, ring_homes, served_homes
 
     ids = [f"r{j}" for j in range(replicas)]
+    homes = served_homes(served_at or {}, ring_homes(replicas))
     if active is None:
-        return build_at_home(keys, rates, ids, q_cap, warm_slots, ring_homes(replicas), version=version,
+        return build_at_home(keys, rates, ids, q_cap, warm_slots, homes, version=version,
                              created_at=now, window_seconds=window)
     return replan_incremental(active, keys, rates, ids, q_cap, warm_slots, version=version, created_at=now,
-                              window_seconds=window, homes=ring_homes(replicas))
+                              window_seconds=window, homes=homes)
 
 
 def scratch_plan_fn(*, now: float, keys: list[str], rates: list[float], healthy: list[bool],

@@ -61,6 +61,7 @@ class FlatMode(FailedPrecondition):
 
 HISTORY_MAX = 200
 PREFIX_FIELDS_PER_BUCKET = 100_000     # prefix-node count fields one telemetry bucket may hold
+HOME_FIELDS_PER_BUCKET = 100_000       # keys whose serving replica one telemetry bucket may hold
 
 _REFUSALS = {
     "stale": lambda v, cur: StaleVersion(f"stale expected version: active is {cur}"),
@@ -173,6 +174,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def prefix_counts(self, now: float, window_seconds: float) -> dict[str, int]:
         """Prefix-node counts summed over the window's buckets, by field."""
+
+    @abc.abstractmethod
+    async def record_homes(self, rows: Sequence[tuple[float, str, str]]) -> None:
+        """Where keys were served: (time, key, replica id) rows into the telemetry buckets of
+        their times; within a bucket a key's later row wins (rows are in arrival order). A replay
+        writes the same values again, so no batch id is needed. A bucket holds at most
+        HOME_FIELDS_PER_BUCKET keys (new ones beyond are dropped)."""
+
+    @abc.abstractmethod
+    async def served_homes(self, now: float, window_seconds: float) -> dict[str, str]:
+        """key -> the replica id it was last served on within the window (the newest bucket wins)."""
 
     # ---- plans
 

@@ -35,7 +35,7 @@ from services.store.buckets import (
     window_buckets,
 )
 from services.store.config import TelemetryConfig
-from services.store.contract import (HISTORY_MAX, PREFIX_FIELDS_PER_BUCKET, Store, Subscription, check_engine_write,
+from services.store.contract import (HISTORY_MAX, HOME_FIELDS_PER_BUCKET, PREFIX_FIELDS_PER_BUCKET, Store, Subscription, check_engine_write,
                                      check_version, lease_ms, refusal, stale_engines)
 from services.store.keys import (
     engines_blob,
@@ -63,6 +63,7 @@ class MemoryStore(Store):
         self._cache_b: dict[int, dict[str, list[int]]] = {}
         self._cache_total: dict[str, list[int]] = {}
         self._prefix_b: dict[int, dict[str, int]] = {}
+        self._homes_b: dict[int, dict[str, str]] = {}
         self._plans: dict[int, bytes] = {}
         self._engines: tuple[int, bytes] = (0, b"")               # version, stored form
         self._summaries: dict[int, bytes] = {}
@@ -157,6 +158,25 @@ class MemoryStore(Store):
         for idx in [i for i in self._prefix_b if i < keep]:
             del self._prefix_b[idx]
         return counted
+
+    async def record_homes(self, rows: Sequence[tuple[float, str, str]]) -> None:
+        self._check()
+        cfg = self.telemetry
+        for t, key, replica in rows:
+            bucket = self._homes_b.setdefault(cfg.bucket(t), {})
+            if key in bucket or len(bucket) < HOME_FIELDS_PER_BUCKET:
+                bucket[key] = replica
+        keep = max(self._homes_b) - math.ceil(cfg.ttl / cfg.bucket_seconds) if self._homes_b else 0
+        for idx in [i for i in self._homes_b if i < keep]:
+            del self._homes_b[idx]
+
+    async def served_homes(self, now: float, window_seconds: float) -> dict[str, str]:
+        self._check()
+        first, last, _ = window_buckets(now, window_seconds, self.telemetry)
+        out: dict[str, str] = {}
+        for i in range(first, last + 1):
+            out.update(self._homes_b.get(i, {}))
+        return out
 
     async def prefix_counts(self, now: float, window_seconds: float) -> dict[str, int]:
         self._check()

@@ -52,7 +52,7 @@ from services.store.buckets import (
 )
 from services.store.config import TelemetryConfig
 from services.store.connect import async_client, parse_redis_url, sync_client
-from services.store.contract import (PREFIX_FIELDS_PER_BUCKET, HISTORY_MAX, Store, Subscription, check_engine_write,
+from services.store.contract import (HOME_FIELDS_PER_BUCKET, PREFIX_FIELDS_PER_BUCKET, HISTORY_MAX, Store, Subscription, check_engine_write,
                                      check_version, lease_ms, refusal, stale_engines)
 from services.store.keys import (
     engines_blob,
@@ -121,6 +121,7 @@ class RedisStore(Store):
         self._arrivals = r.register_script(SCRIPTS["arrivals"])
         self._cache = r.register_script(SCRIPTS["cache"])
         self._prefix = r.register_script(SCRIPTS["prefix"])
+        self._homes = r.register_script(SCRIPTS["homes"])
         self._put_plan = r.register_script(SCRIPTS["put_plan"])
         self._activate = r.register_script(SCRIPTS["activate"])
         self._set_mode = r.register_script(SCRIPTS["set_mode"])
@@ -288,6 +289,30 @@ class RedisStore(Store):
             for field, n in row.items():
                 name = field.decode()
                 out[name] = out.get(name, 0) + int(n)
+        return out
+
+    async def record_homes(self, rows: Sequence[tuple[float, str, str]]) -> None:
+        # one script per bucket (each bucket's keys share its hash tag), all in one pipeline
+        cfg = self.telemetry
+        parts: dict[int, dict[str, str]] = {}
+        for t, key, replica in rows:
+            parts.setdefault(cfg.bucket(t), {})[key] = replica      # a key's later row wins
+        if not parts:
+            return
+        async with self._guard():
+            pipe = self._redis.pipeline(transaction=False)
+            for idx, homes in parts.items():
+                args: list[object] = [cfg.ttl, HOME_FIELDS_PER_BUCKET]
+                for key, replica in homes.items():
+                    args += (key, replica)
+                await self._queue_script(pipe, self._homes, [self._tb(idx, "home")], args)
+            await pipe.execute()
+
+    async def served_homes(self, now: float, window_seconds: float) -> dict[str, str]:
+        first, last, _ = window_buckets(now, window_seconds, self.telemetry)
+        out: dict[str, str] = {}
+        for row in await self._hashes(self._tb(i, "home") for i in range(first, last + 1)):   # oldest first
+            out.update((k.decode(), v.decode()) for k, v in row.items())
         return out
 
     async def _hashes(self, names: Iterable[str]) -> list[dict[bytes, bytes]]:

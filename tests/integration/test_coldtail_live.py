@@ -1,7 +1,8 @@
 """Session-aware cold tail in live dispatchers: two real dispatchers (--cold-tail chwbl) in front of
 four real engine replicas. A cold key hashes to the same replica from either dispatcher while the
-loads are balanced; a replica loaded past the bound is skipped by both, and both pick the same
-next replica on the ring."""
+loads are balanced; a first-sight key whose ring owner is loaded past the mean is sent by both to
+the lighter of its first two ring replicas; a key already served on the loaded replica stays there
+while its queue is decoding, not prefilling (a spill would not pay: CacheRoutePolicy._pays)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import random
 import grpc
 
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2, engine_pb2_grpc
+from services.core.policies._common import Ring
 from services.core.policies.cacheroute import CacheRoutePolicy
 from services.dispatcher.__main__ import parse_args
 from services.dispatcher.service import DispatcherConfig, serve
@@ -20,6 +22,7 @@ from services.model import DEFAULT_COLD_TAIL
 from tests.integration.test_dispatcher import dispatcher_config, wait_until
 
 KEYS = [f"session-{i}" for i in range(16)]
+FRESH = [f"fresh-{i}" for i in range(64)]
 
 
 async def route_all(stubs, keys) -> list[tuple[str, ...]]:
@@ -67,8 +70,11 @@ def test_two_dispatchers_agree_on_cold_keys_and_skip_an_overloaded_replica():
                 await wait_until(lambda: all(d.router.engine_load[0] >= 20 for d in (d1, d2)), timeout=10)
                 owned = [k for k, picks in zip(KEYS, out["balanced"]) if picks[0] == "e0"]
                 out["owned"] = owned
-                out["loaded"] = await route_all(stubs, owned)
+                out["kept"] = await route_all(stubs, owned)
                 out["others"] = await route_all(stubs, [k for k in KEYS if k not in owned])
+                fresh = [k for k in FRESH if Ring(4).first(k) == 0][:6]
+                out["fresh"] = fresh
+                out["loaded"] = await route_all(stubs, fresh)
         finally:
             for task in tasks:
                 task.cancel()
@@ -84,7 +90,10 @@ def test_two_dispatchers_agree_on_cold_keys_and_skip_an_overloaded_replica():
     assert out["again"] == balanced                                       # and keep agreeing (affinity)
     assert len({a for a, _ in balanced}) >= 3                             # the hash spreads keys
     assert out["owned"], "no key hashed to e0; pick other keys"
-    assert all(a == b != "e0" for a, b in out["loaded"]), out["loaded"]   # e0 is skipped by both
+    assert all(a == b == "e0" for a, b in out["kept"]), out["kept"]      # warm keys stay (decode queue)
+    assert out["fresh"], "no fresh key hashed to e0; pick other keys"
+    walks = {k: [f"e{r}" for r in Ring(4).walk(k)] for k in out["fresh"]}
+    assert all(a == b == walks[k][1] for k, (a, b) in zip(out["fresh"], out["loaded"])), out["loaded"]
     others = [k for k in KEYS if k not in out["owned"]]
     assert out["others"] == [picks for k, picks in zip(KEYS, balanced) if k in others]   # nobody else moves
 

@@ -58,6 +58,25 @@ def test_arrivals_in_windowed_rates_out(redis_url):
     assert [r.key for r in top1.rates] == ["hot"]
 
 
+def test_arrivals_carry_the_replica_they_were_served_on(redis_url):
+    """The planner's served homes (services.core.replan.served_homes) come from these records:
+    a key's latest replica wins; arrivals without a replica (or an over-long one) carry none."""
+    batch = pb.ArrivalBatch(batch_id="h1", source="d0", arrivals=[
+        pb.Arrival(key="a", time=NOW - 20, prompt_tokens=10, replica="e1"),
+        pb.Arrival(key="a", time=NOW - 5, prompt_tokens=10, replica="e3"),
+        pb.Arrival(key="b", time=NOW - 5, prompt_tokens=10),
+        pb.Arrival(key="c", time=NOW - 5, prompt_tokens=10, replica="x" * 65),
+        pb.Arrival(key="", time=NOW - 5, prompt_tokens=10, replica="e2")])       # invalid: no key
+
+    async def scenario(stub, ch, service):
+        summary = await stub.ReportArrivals(iter([batch]), timeout=5)
+        return summary, await service.store.served_homes(NOW, 60)
+
+    summary, homes = asyncio.run(with_collector(config(redis_url), scenario))
+    assert (summary.accepted, summary.rejected) == (4, 1)
+    assert homes == {"a": "e3"}
+
+
 def test_invalid_records_are_rejected_and_valid_ones_kept(redis_url):
     batch = arrivals_batch("mixed", [
         ("ok", NOW - 1, 10, 5),

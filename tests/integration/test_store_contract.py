@@ -161,6 +161,26 @@ def test_prefix_counts_windowed_deduplicated_and_bounded(make_store, monkeypatch
     assert {s.node: s.count for s in samples_from_counts(wide)}[11] == 9
 
 
+def test_served_homes_latest_wins_windowed_and_bounded(make_store, monkeypatch):
+    from services.store import contract, memory, redis as redis_store
+
+    for module in (contract, memory, redis_store):
+        monkeypatch.setattr(module, "HOME_FIELDS_PER_BUCKET", 3, raising=False)
+
+    async def scenario(store):
+        await store.record_homes([(T0 + 1, "a", "r0"), (T0 + 2, "b", "r1"), (T0 + 3, "a", "r2")])  # a: r2 wins
+        await store.record_homes([(T0 + 12, "b", "r3")])               # a newer bucket: b moved to r3
+        await store.record_homes([(T0 - 100, "old", "r0")])            # outside a 30 s window
+        await store.record_homes([(T0 + 4, f"x{i}", "r0") for i in range(5)])   # only 1 new key fits
+        await store.record_homes([(T0 + 5, "a", "r1")])                # an existing key still updates
+        await store.record_homes([])
+        return await store.served_homes(T0 + 15, 30.0), await store.served_homes(T0 + 15, 200.0)
+
+    recent, wide = run(make_store, scenario)
+    assert recent == {"a": "r1", "b": "r3", "x0": "r0"}
+    assert wide == {**recent, "old": "r0"}
+
+
 def test_window_beyond_retention_is_invalid(make_store):
     async def scenario(store):
         with pytest.raises(InvalidArgument):

@@ -1,4 +1,6 @@
-"""The cacheroute policy's overload guard: bounded loads on planned keys, spill along the key's ring."""
+"""The cacheroute policy's overload guard: bounded loads on planned keys, spill along the key's ring,
+only when the spill pays for its prefill; and the cold tail with memory and two choices at first sight.
+Tests of the bound alone set spill_cost=None and memory_keys=0 (the rule before issue 23's third pass)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def test_member_within_the_bound_is_planned():
 
 
 def test_overloaded_members_spill_to_the_keys_ring_successor():
-    p = make_policy("cacheroute", R, balance_factor=1.25, spill_floor=0)
+    p = make_policy("cacheroute", R, balance_factor=1.25, spill_floor=0, spill_cost=None, memory_keys=0)
     p.set_plan(make_plan({"a": (2, 5)}))
     s = state_with([1, 1, 9, 1, 1, 8, 1, 1])        # bound ceil(1.25 * 24 / 8) = 4
     pick = p.pick(request("a"), s)
@@ -41,7 +43,7 @@ def test_overloaded_members_spill_to_the_keys_ring_successor():
 
 
 def test_spill_skips_unhealthy_and_full_successors():
-    p = make_policy("cacheroute", R, balance_factor=1.0, spill_floor=0)
+    p = make_policy("cacheroute", R, balance_factor=1.0, spill_floor=0, spill_cost=None)
     p.set_plan(make_plan({"a": (2,)}))
     walk = [r for r in Ring(R).walk("a") if r != 2]
     load = [2] * R
@@ -54,7 +56,7 @@ def test_spill_skips_unhealthy_and_full_successors():
 
 
 def test_no_spill_below_the_floor():
-    p = make_policy("cacheroute", R)                # defaults: c = 1.5, floor 8
+    p = make_policy("cacheroute", R, spill_cost=None)   # defaults: c = 1.25, floor 8
     p.set_plan(make_plan({"a": (2,)}))
     s = state_with([0] * R)
     picks = []
@@ -90,7 +92,7 @@ def test_guard_off_and_ablations_keep_the_plain_rule():
 def test_every_pick_is_healthy_and_planned_picks_respect_the_bound(load, healthy, c, key, floor):
     if not any(healthy):
         healthy[0] = True
-    p = make_policy("cacheroute", R, balance_factor=c, spill_floor=floor)
+    p = make_policy("cacheroute", R, balance_factor=c, spill_floor=floor, spill_cost=None, memory_keys=0)
     p.set_plan(make_plan({"a": (1, 4, 6), "b": (3,)}))
     s = state_with(load, healthy=healthy)
     pick = p.pick(request(key), s)
@@ -105,7 +107,7 @@ def test_cold_tail_keeps_a_key_at_home_below_the_floor():
     """The cold tail's bound has the planned path's floor: at low load a cold key stays on its ring
     home even while a few of its own requests are in flight there (without the floor the bound is
     ceil(1.25 x 2 / 8) = 1 here and the second request would go elsewhere)."""
-    p = make_policy("cacheroute", R)                  # no plan: every key is cold
+    p = make_policy("cacheroute", R, memory_keys=0)   # no plan: every key is cold
     home = next(Ring(R).walk("tenant-0"))
     load = [0] * R
     load[home] = 1
@@ -118,7 +120,7 @@ def test_cold_tail_keeps_a_key_at_home_below_the_floor():
 
 
 def test_cold_tail_is_chwbl_above_the_floor():
-    p = make_policy("cacheroute", R, spill_floor=0)
+    p = make_policy("cacheroute", R, spill_floor=0, memory_keys=0)
     for key in ("a", "b", "tenant-3"):
         walk = list(Ring(R).walk(key))
         load = [10] * R
@@ -126,3 +128,60 @@ def test_cold_tail_is_chwbl_above_the_floor():
         assert p.pick(request(key), state_with(load)) == (walk[1], Reason.COLD)
         load[walk[0]] = 13
         assert p.pick(request(key), state_with(load)) == (walk[0], Reason.COLD)
+
+
+def test_a_spill_must_pay_for_its_prefill():
+    """Over the in-flight bound the member is left only when its queued prefill exceeds one engine
+    step (spill_backlog) and the target's by more than spill_cost x the request's prefix."""
+    p = make_policy("cacheroute", R, balance_factor=1.25, spill_floor=0)     # spill_cost 2, backlog 8192
+    p.set_plan(make_plan({"a": (2,)}))
+    load = [1, 1, 9, 1, 1, 1, 1, 1]                  # bound ceil(1.25 x 17 / 8) = 3: member 2 is over it
+    successor = next(r for r in Ring(R).walk("a") if r != 2)
+    q = request("a", blocks=range(100))              # 1,600 prefix tokens
+    assert p.pick(q, state_with(load)) == (2, Reason.PLANNED)            # no backlog anywhere: stays
+    backlog = [0] * R
+    backlog[2] = 8000                                 # under one step: home starts it next step
+    assert p.pick(q, state_with(load, prefill_tokens=backlog)) == (2, Reason.PLANNED)
+    backlog[2] = 9000
+    backlog[successor] = 6000                         # 3,000 less than home, under 2 x 1,600
+    assert p.pick(q, state_with(load, prefill_tokens=backlog)) == (2, Reason.PLANNED)
+    backlog[successor] = 5000                         # 4,000 less: pays
+    assert p.pick(q, state_with(load, prefill_tokens=backlog)) == (successor, Reason.FALLBACK)
+    with pytest.raises(ValueError, match="spill_cost"):
+        make_policy("cacheroute", R, spill_cost=-1.0)
+
+
+def test_cold_keys_return_to_their_replica_and_first_sight_takes_the_lighter_of_two():
+    p = make_policy("cacheroute", R)                 # no plan: every key is cold
+    walk = list(Ring(R).walk("t"))
+    load = [4] * R
+    assert p.pick(request("t"), state_with(load)) == (walk[0], Reason.COLD)   # owner at the mean: owner
+    load[walk[0]] = 5                                 # the owner above the mean (ceil(33 / 8) = 5)
+    fresh = make_policy("cacheroute", R)
+    assert fresh.pick(request("t"), state_with(load)).replica == walk[1]      # first sight: the lighter
+    assert fresh.remembered("t") == walk[1]
+    load[walk[1]] = 7                                 # still within the bound (max(8, ...)): it returns
+    assert fresh.pick(request("t"), state_with(load)).replica == walk[1]
+    # a key remembered by one instance survives a plan install (a dispatcher builds a new policy)
+    nxt = make_policy("cacheroute", R)
+    nxt.carry_memory(fresh)
+    assert nxt.remembered("t") == walk[1]
+    assert nxt.pick(request("t"), state_with(load)).replica == walk[1]
+
+
+def test_planned_picks_are_remembered_for_when_the_key_turns_cold():
+    p = make_policy("cacheroute", R)
+    p.set_plan(make_plan({"a": (5,)}))
+    assert p.pick(request("a"), state_with([0] * R)) == (5, Reason.PLANNED)
+    p.set_plan(make_plan({}))                          # "a" left the plan
+    assert p.pick(request("a"), state_with([0] * R)) == (5, Reason.COLD)
+
+
+def test_key_memory_is_bounded():
+    p = make_policy("cacheroute", R, memory_keys=4)
+    for i in range(20):
+        p.pick(request(f"k{i}"), state_with([0] * R))
+    assert len(p._seen) + len(p._seen_old) <= 8
+    assert p.remembered("k19") is not None and p.remembered("k0") is None
+    with pytest.raises(ValueError, match="memory_keys"):
+        make_policy("cacheroute", R, memory_keys=-1)

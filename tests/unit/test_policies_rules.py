@@ -112,7 +112,7 @@ def test_cacheroute_dispatch(in_flight, healthy, key, want_replica, want_reason)
 
 def test_cacheroute_default_cold_tail_is_chwbl():
     # docs/experiments.md ("Session-aware cold tail") and the policy header name chwbl the default
-    p = make_policy("cacheroute", R, seed=2)
+    p = make_policy("cacheroute", R, seed=2, memory_keys=0)    # the ring rule alone (memory: test_cacheroute_guard)
     assert p.cold == DEFAULT_COLD_TAIL == "chwbl"
     p.set_plan(make_plan({"a": (2,)}))
     s = state_with([0, 9, 9, 9, 9, 9, 9, 9])

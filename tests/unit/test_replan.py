@@ -233,3 +233,42 @@ def test_a_first_plan_at_home_is_balanced_like_lpt():
     rates = shape * (30.0 / shape.sum())
     home = build_at_home(keys, rates, ids, 20.0, 64, homes, version=1)
     assert all(home.table[k][0] == homes(k) for k in home.table) and max(home.expected_load) <= 10.0 + 1e-9
+
+
+def test_served_homes_take_the_replica_a_key_was_served_on_else_the_ring():
+    from services.core.replan import build_at_home, ring_homes, served_homes
+
+    ids = [f"e{i}" for i in range(8)]
+    keys = [f"tenant-{i}" for i in range(200)]
+    rates = np.random.default_rng(6).lognormal(0.0, 1.65, len(keys))
+    rates *= 30.0 / rates.sum()
+    ring = ring_homes(len(ids))
+    served = {k: (ring(k) + 3) % 8 for k in keys[::2]}          # the cold tail put half elsewhere
+    homes = served_homes(served, ring)
+    assert all(homes(k) == served[k] for k in served) and all(homes(k) == ring(k) for k in keys[1::2])
+    plan = build_at_home(keys, rates, ids, 20.0, 64, homes, version=1)
+    # 30 req/s on 8 replicas of q_cap 20: every replica below half its knee, so every key stays put
+    assert all(plan.table[k][0] == homes(k) for k in plan.table)
+
+
+def test_rebalancing_ignores_imbalance_within_the_rate_estimates_noise():
+    """A replica looking 2 standard errors (Poisson counts over the window) over the mean is not
+    moved from; with no window the old 5% tolerance applies."""
+    from services.core.replan import noise_tolerance
+
+    assert noise_tolerance(5.0, 0.0) == 0.0
+    assert noise_tolerance(5.0, 60.0) == pytest.approx(2 / math.sqrt(300))
+    ids = [f"e{i}" for i in range(4)]
+    keys = [f"k{i}" for i in range(40)]
+    rates = np.full(len(keys), 0.5)
+    table = {k: ((0,) if i < 13 else (1 + i % 3,)) for i, k in enumerate(keys)}   # e0: 6.5 req/s, others ~4.5
+    active = build_plan(keys, rates, ids, 20.0, 64, version=1)
+    import dataclasses
+    active = dataclasses.replace(active, table=table)
+    noisy = replan_incremental(active, keys, rates, ids, 20.0, 64, version=2, window_seconds=30.0, home_rho=0.0)
+    strict = replan_incremental(active, keys, rates, ids, 20.0, 64, version=2, window_seconds=0.0, home_rho=0.0)
+    # the mean is 5 req/s: 150 arrivals a window, 2/sqrt(150) = 16% tolerance; e0 is 30% over
+    assert noisy.extra["moves"] > 0 and strict.extra["moves"] > 0
+    quiet = replan_incremental(active, keys, rates, ids, 20.0, 64, version=2, window_seconds=600.0, home_rho=0.0)
+    wide = replan_incremental(active, keys, rates, ids, 20.0, 64, version=2, window_seconds=3.0, home_rho=0.0)
+    assert wide.extra["moves"] < quiet.extra["moves"]             # 3 s of counts: 52% noise, nothing to chase

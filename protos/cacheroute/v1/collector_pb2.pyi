@@ -7,18 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Arrival(_message.Message):
-    __slots__ = ("key", "time", "prompt_tokens", "prefix_tokens", "prefix_nodes")
+    __slots__ = ("key", "time", "prompt_tokens", "prefix_tokens", "prefix_nodes", "replica")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_NODES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     key: str
     time: float
     prompt_tokens: int
     prefix_tokens: int
     prefix_nodes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, key: _Optional[str] = ..., time: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., prefix_tokens: _Optional[int] = ..., prefix_nodes: _Optional[_Iterable[int]] = ...) -> None: ...
+    replica: str
+    def __init__(self, key: _Optional[str] = ..., time: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., prefix_tokens: _Optional[int] = ..., prefix_nodes: _Optional[_Iterable[int]] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class ArrivalBatch(_message.Message):
     __slots__ = ("batch_id", "source", "arrivals")

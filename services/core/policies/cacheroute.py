@@ -55,6 +55,9 @@ from services.model import COLD_TAILS, DEFAULT_COLD_TAIL
 BALANCES = ("requests", "tokens")
 BALANCE_FACTOR = 1.25
 SPILL_FLOOR = 8
+SPILL_COST = 2.0
+SPILL_BACKLOG = 8192
+MEMORY_KEYS = 1 << 16
 
 
 class CacheRoutePolicy:
@@ -63,7 +66,8 @@ class CacheRoutePolicy:
     def __init__(self, replicas: int, *, rng: random.Random, cold: str = DEFAULT_COLD_TAIL,
                  flat_fallback: bool = False, balance_factor: float | None = BALANCE_FACTOR,
                  spill_floor: int = SPILL_FLOOR, prefix: bool = False, balance: str = "requests",
-                 reuse_weight: float = 1.0):
+                 reuse_weight: float = 1.0, spill_cost: float | None = SPILL_COST,
+                 spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
@@ -73,6 +77,15 @@ class CacheRoutePolicy:
             raise ValueError(f"spill_floor must be >= 0, got {spill_floor!r}")
         self.balance_factor = balance_factor
         self.spill_floor = spill_floor
+        if spill_cost is not None and not (0.0 <= spill_cost < math.inf):
+            raise ValueError(f"spill_cost must be a finite number >= 0, or None, got {spill_cost!r}")
+        if memory_keys < 0:
+            raise ValueError(f"memory_keys must be >= 0, got {memory_keys!r}")
+        self.spill_cost = spill_cost
+        self.spill_backlog = spill_backlog
+        self.memory_keys = memory_keys
+        self._seen: dict[str, int] = {}          # key -> replica of its latest request (two generations)
+        self._seen_old: dict[str, int] = {}
         self._spill_ring = Ring(replicas)
         self.replicas = replicas
         self.cold = cold
@@ -129,21 +142,58 @@ class CacheRoutePolicy:
                 return self._pick_node(request.key, members, state)
         if members is None:
             if self.cold == "chwbl":
-                return Pick(self._cold(request.key, state), Reason.COLD)
+                return Pick(self._cold_pick(request, state), Reason.COLD)
             return Pick(p2c(self._rng, state), Reason.COLD)
         best = least_loaded(members, state)
         if best is None:
             return Pick(p2c(self._rng, state), Reason.FALLBACK)
         c = self.balance_factor
         if c is None:
-            return Pick(best, Reason.PLANNED)
+            return Pick(self._remember(request.key, best), Reason.PLANNED)
         load, healthy = state.in_flight, state.healthy       # the bound, inline: this runs per request
         live = healthy.count(True)
         total = sum(load) if live == len(load) else sum(compress(load, healthy))
         bound = max(self.spill_floor, math.ceil(c * (total + 1) / live))
         if load[best] + 1 <= bound:
-            return Pick(best, Reason.PLANNED)
-        return Pick(self._spill(request.key, state, bound), Reason.FALLBACK)
+            return Pick(self._remember(request.key, best), Reason.PLANNED)
+        target = self._spill(request.key, state, bound)
+        if not self._pays(best, target, request, state):
+            return Pick(self._remember(request.key, best), Reason.PLANNED)
+        return Pick(self._remember(request.key, target), Reason.FALLBACK)
+
+    def _pays(self, home: int, target: int, request: Request, state: ClusterState) -> bool:
+        """Whether leaving `home` (over the in-flight bound) for `target` pays for the prefill it
+        causes. The target must prefill the request's reusable prefix, which home has cached, and
+        that prefill evicts about as much of what the target caches, which it re-prefills later:
+        `spill_cost` (2) prefixes. So the spill pays only when home's queued prefill exceeds one
+        engine step (`spill_backlog`; below it home starts the request's prefill in its next step
+        anyway) and exceeds the target's by more than that cost. `spill_cost` None: the in-flight
+        bound alone decides (the guard before issue 23's third pass)."""
+        if self.spill_cost is None:
+            return True
+        backlog = state.prefill_tokens
+        return (backlog[home] > self.spill_backlog
+                and backlog[home] - backlog[target] > self.spill_cost * request.prefix_tokens)
+
+    def _remember(self, key: str, replica: int) -> int:
+        """Record the replica a key's request went to (bounded: two generations of `memory_keys`)."""
+        if self.memory_keys:
+            seen = self._seen
+            seen[key] = replica
+            if len(seen) >= self.memory_keys:
+                self._seen_old, self._seen = seen, {}
+        return replica
+
+    def remembered(self, key: str) -> int | None:
+        """The replica the key's latest request went to, if this policy still remembers it."""
+        r = self._seen.get(key)
+        return self._seen_old.get(key) if r is None else r
+
+    def carry_memory(self, other: "CacheRoutePolicy") -> None:
+        """Take over another instance's key memory (a dispatcher builds a policy per plan; slots
+        only ever grow, so a memory of fewer replicas stays valid)."""
+        if isinstance(other, CacheRoutePolicy) and other.replicas <= self.replicas:
+            self._seen, self._seen_old = other._seen, other._seen_old
 
     def _pick_tokens(self, request, state: ClusterState) -> Pick:
         """balance="tokens": the home set H is the key's planned members, else the members of the
@@ -223,6 +273,47 @@ class CacheRoutePolicy:
             if healthy[r] and load[r] + 1 <= bound:
                 return r
         return least_loaded(range(len(load)), state)      # unreachable for c >= 1
+
+    def _cold_pick(self, request: Request, state: ClusterState) -> int:
+        """The cold tail with memory: a key seen before goes back to its replica while that replica
+        stays within the bound, or when a spill would not pay (`_pays`); a first-sight key goes to
+        its ring owner while the owner holds at most the mean in flight, else to the less loaded of
+        its first two ring replicas (two choices: Mitzenmacher, "The Power of Two Choices in
+        Randomized Load Balancing", 2001), within the bound, else down the ring (`_cold`).
+        Balancing first sight is what keeps in-flight skew and KV preemptions down where most keys
+        are cold (docs/experiments.md, "Routing rules, third pass"); the ring owner first keeps
+        dispatchers agreeing at low load, and the planner admits a key where telemetry says it was
+        served, so admission moves nothing. `memory_keys` 0: `_cold` alone (the rule before)."""
+        if not self.memory_keys:
+            return self._cold(request.key, state)
+        key = request.key
+        healthy, load = state.healthy, state.in_flight
+        live = healthy.count(True)
+        if not live:
+            raise NoHealthyReplica("no healthy replica")
+        total = sum(load) if live == len(load) else sum(compress(load, healthy))
+        bound = max(self.spill_floor, math.ceil(self._cold_c * (total + 1) / live))
+        r = self.remembered(key)
+        if r is not None and healthy[r]:
+            if load[r] + 1 <= bound:
+                return self._remember(key, r)
+            target = self._cold(key, state)
+            return self._remember(key, target if self._pays(r, target, request, state) else r)
+        first = second = -1
+        for c in self._spill_ring.walk(key):
+            if healthy[c]:
+                if first < 0:
+                    first = c
+                else:
+                    second = c
+                    break
+        mean_bound = math.ceil((total + 1) / live)
+        if load[first] + 1 <= mean_bound:
+            return self._remember(key, first)
+        pick = second if second >= 0 and load[second] < load[first] else first
+        if load[pick] + 1 > bound:
+            pick = self._cold(key, state)
+        return self._remember(key, pick)
 
     def _node_members(self, request) -> tuple[int, ...] | None:
         """Members of the deepest planned prefix node on the request's chain, if that node covers

@@ -1,0 +1,118 @@
+"""bench/peers.py's engine-bound (a) tenants point in simulated time: the same textload workload,
+engines and CacheRoute settings as the live run, through the simulator, so a routing rule can be
+checked against the live regime without a quiet machine (and then confirmed live).
+
+    .venv/bin/python -m experiments.bound_tenants --policies sglang,cacheroute --rates 16,24 --seeds 1,2
+    .venv/bin/python -m experiments.bound_tenants --policies cacheroute \
+        --knobs '{"balance_factor": 1.5}' --rates 16,24
+
+Rates are wall req/s as bench/peers.py states them; the simulator runs in model time (rates x the
+scale's time scale, durations / it). CacheRoute's settings are the live stack's defaults
+(bench/peers_routers.py: q_cap 20 wall req/s, W 64 warm slots, a 10 s loop over a 60 s rate
+window) in model time. The routing key is
+the tenant (the live key is the prompt's first 128 tokens, which lie inside the tenant's system
+prompt). Printed per point: hit %, the infinite-cache bound, miss split (points), p50/p99 TTFT in
+wall ms (model x time scale), preemptions, in-flight imbalance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from services.core.policies import PLANNED_POLICIES  # noqa: E402
+from services.core.request import Request  # noqa: E402
+from services.sim.runs import RunSpec, calibrated_q_cap, config_for  # noqa: E402
+
+
+def requests(qps_wall: float, seed: int) -> list[Request]:
+    import peers
+
+    from clients import textload
+    from services import oai
+    from services.core import routing
+
+    scale = peers.BOUND
+    duration, _ = scale.timing("tenants")
+    wl = textload.tenants(qps=qps_wall, duration=duration, seed=seed, **scale.workload_knobs["tenants"])
+    ts = scale.time_scale
+    out = []
+    for q in wl.requests:
+        ids = routing.tokenize(oai.chat_text(q.messages()))
+        out.append(Request(q.rid, q.at / ts, q.group, len(ids), q.max_tokens, routing.prompt_hashes(ids)))
+    return out
+
+
+def run(spec: RunSpec, reqs: list[Request]) -> dict:
+    """run_spec with the live planner's rate window (60 s wall) instead of one control interval."""
+    from services.core.policies import make_policy
+    from services.sim.simulator import Simulator
+
+    import peers
+
+    config = replace(config_for(spec), rate_window=60.0 / peers.BOUND.time_scale)
+    policy = make_policy(spec.policy, spec.replicas, seed=spec.seed, **spec.policy_knobs)
+    return Simulator(config, policy, reqs).run().as_dict()
+
+
+def point(args) -> dict:
+    import peers
+
+    policy, knobs, qps_wall, seed, q_cap, lifecycle = args
+    scale = peers.BOUND
+    ts = scale.time_scale
+    duration, warmup = scale.timing("tenants")
+    planned = policy in PLANNED_POLICIES
+    spec = RunSpec(policy=policy, qps=qps_wall * ts, replicas=scale.replicas, profile=scale.profile,
+                   duration=duration / ts, seed=seed, kv_blocks=scale.kv_blocks, warmup=warmup / ts,
+                   policy_knobs=knobs, control_interval=10.0 / ts,
+                   q_cap=(q_cap or 20.0) * ts if planned else None, warm_slots=64 if planned else None,
+                   first_plan_at=5.0 / ts if planned else None, lifecycle=lifecycle)
+    reqs = requests(qps_wall, seed)
+    if planned and q_cap == 0:
+        spec = replace(spec, q_cap=calibrated_q_cap(spec, reqs))
+    out = run(spec, reqs)
+    m = out["misses"]
+    return {"policy": policy, "knobs": knobs, "qps": qps_wall, "seed": seed,
+            "hit": round(out["hit_rate"] * 100, 2), "bound": round(m["bound"] * 100, 2),
+            "first_on_replica": round(m["first_on_replica"] * 100, 2), "evicted": round(m["evicted"] * 100, 2),
+            "spilled": round(m["spilled"] * 100, 2),
+            "p50_ms": round(out["ttft_p50"] * ts * 1000), "p99_ms": round(out["ttft_p99"] * ts * 1000),
+            "preemptions": out["preemptions"], "imbalance": round(out["imbalance"], 3),
+            "q_cap_wall": round(spec.q_cap / ts, 2) if spec.q_cap else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policies", default="sglang,cacheroute")
+    parser.add_argument("--knobs", default="{}", help="JSON policy knobs for cacheroute (variants)")
+    parser.add_argument("--rates", default="16,24", help="wall req/s, comma-separated")
+    parser.add_argument("--seeds", default="1")
+    parser.add_argument("--q-cap", type=float, default=20.0,
+                        help="CacheRoute's q_cap in wall req/s (default 20, the stack's); 0: calibrated "
+                             "from the engine model on the point's requests (services.sim.calibrate)")
+    parser.add_argument("--lifecycle", default="churn", help="planned policies' re-plan (sim --lifecycle)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", help="append each point as a JSON line to this file")
+    args = parser.parse_args(argv)
+    knobs = json.loads(args.knobs)
+    jobs = [(p, knobs if p.startswith("cacheroute") else {}, float(q), int(s), args.q_cap, args.lifecycle)
+            for s in args.seeds.split(",") for q in args.rates.split(",") for p in args.policies.split(",")]
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        for row in pool.imap(point, jobs):
+            print(json.dumps(row), flush=True)
+            if args.out:
+                with open(args.out, "a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
