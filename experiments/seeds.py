@@ -30,6 +30,8 @@ NINE = "flat,sticky,chwbl,sglang,llmd,dynamo,preble,dualmap,cacheroute"
 SETS = {
     # the flagship calibrated on both anchors (issue 23): the knee lies between 100 and 200 QPS
     "flagship": ("flagship", NINE, "50,75,100,125,150,175,200,250", 100.0),
+    # the strongest baselines only, around the knee (issue 23's third pass): ~10 min on 2 cores
+    "flagship-strong": ("flagship", "sglang,preble,dualmap,cacheroute", "100,125,150,175", 100.0),
     "flagship-full": ("flagship-full", NINE, "200,225,250,275,300", 200.0),
     "flagship-full-history": ("flagship-full-history", "cacheroute", "200,225,250,275,300", 200.0),
     "flagship-k256": ("flagship-k256", "chwbl,sglang,llmd,preble,dualmap,cacheroute", "150,200,250,275,300", 200.0),
