@@ -1,15 +1,12 @@
-"""Store configuration: the telemetry bucketing, the store flags the planner and the collector
-share (they must agree on the bucketing), and `open_store`, which picks the implementation."""
+"""Store configuration: the telemetry bucketing and the store flags the planner and the collector
+share (they must agree on the bucketing). `open_store`, which picks the implementation, is in
+factory.py: the implementations import TelemetryConfig from here, so this module imports none
+of them."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from services.store.contract import Store
-
 
 @dataclass(frozen=True, slots=True)
 class TelemetryConfig:
@@ -36,17 +33,6 @@ class TelemetryConfig:
     @property
     def ttl(self) -> int:
         return math.ceil(self.retention_seconds + self.bucket_seconds)
-
-
-def open_store(url: str, *, telemetry: TelemetryConfig | None = None, prefix: str = "cr") -> "Store":
-    """`memory://` for the in-process twin, otherwise a Redis URL."""
-    if url.startswith("memory://"):
-        from services.store.memory import MemoryStore
-
-        return MemoryStore(telemetry)
-    from services.store.redis import RedisStore
-
-    return RedisStore(url, prefix=prefix, telemetry=telemetry)
 
 
 def add_store_flags(parser) -> None:
