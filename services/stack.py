@@ -52,6 +52,7 @@ from typing import Any
 
 import orjson
 
+from services.backends import KINDS
 from services.healthcheck import is_serving
 from services.localredis import RedisProcess
 
@@ -112,7 +113,6 @@ class StackConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.warm_slots < 1:
             raise ValueError("warm_slots must be >= 1")
-        from services.backends import KINDS
 
         if self.engine_kind not in KINDS:
             raise ValueError(f"engine_kind must be one of {', '.join(KINDS)}")

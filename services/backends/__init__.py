@@ -27,7 +27,9 @@ services.dispatcher.dispatch. Each kind's metric names live in its own module.
 
 from __future__ import annotations
 
-from services.backends.base import Backend, BackendDown, EngineStats, HTTP_KINDS, KINDS, parse_endpoint
+from services.backends.base import HTTP_KINDS, KINDS, Backend, BackendDown, Deadlines, EngineStats, parse_endpoint
+from services.backends.cacheroute import CacheRouteBackend
+from services.backends.http import HttpBackend
 
 __all__ = ["Backend", "BackendDown", "EngineStats", "HTTP_KINDS", "KINDS", "parse_endpoint", "make_backend"]
 
@@ -38,9 +40,6 @@ def make_backend(replica_id: str, address: str, default_kind: str = "cacheroute"
     (services.auth.EngineKeys) gives an HTTP replica its API key."""
     kind, target = parse_endpoint(address, default_kind)
     if kind == "cacheroute":
-        from services.backends.cacheroute import CacheRouteBackend
         return CacheRouteBackend(replica_id, target, tls=tls)
-    from services.backends.base import Deadlines
-    from services.backends.http import HttpBackend
     return HttpBackend(replica_id, target, kind, session=session, api_key=keys.for_url(target) if keys else None,
                        deadlines=deadlines or Deadlines())

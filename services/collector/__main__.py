@@ -5,6 +5,7 @@ Environment variables (flags override them):
   CACHEROUTE_KEY_PREFIX (cr)                       Redis key prefix
   CACHEROUTE_BUCKET_SECONDS (10)                   telemetry bucket width (planner must agree)
   CACHEROUTE_RETENTION_SECONDS (3600)              telemetry retention; older records are rejected
+  CACHEROUTE_BUCKET_KEYS (20000)                   distinct keys counted per bucket, the rest untracked; 0 = no cap
   CACHEROUTE_WINDOW_SECONDS (300)                  GetRates window when the request says 0
   CACHEROUTE_COLLECTOR_QUEUE (64)                  batches queued between streams and Redis writers
   CACHEROUTE_COLLECTOR_WRITERS (2)                 concurrent Redis writers
@@ -21,7 +22,8 @@ import argparse
 import sys
 
 from services.collector.service import CollectorConfig, serve
-from services.rpc import add_server_flags, env_number, run_service, server_config
+from services.flags import flag
+from services.rpc import add_server_flags, run_service, server_config
 from services.store import add_store_flags, telemetry_from_args
 
 
@@ -30,16 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_flags(p, default_port=50052, default_metrics_port=9152)
     add_store_flags(p)
-    p.add_argument("--window", type=float, default=env_number("WINDOW_SECONDS", "300", float),
-                   help="GetRates default window, seconds (env CACHEROUTE_WINDOW_SECONDS, default 300)")
-    p.add_argument("--queue-size", type=int, default=env_number("COLLECTOR_QUEUE", "64", int),
-                   help="bounded write queue, batches (env CACHEROUTE_COLLECTOR_QUEUE, default 64)")
-    p.add_argument("--writers", type=int, default=env_number("COLLECTOR_WRITERS", "2", int),
-                   help="Redis writer tasks (env CACHEROUTE_COLLECTOR_WRITERS, default 2)")
-    p.add_argument("--coalesce", type=int, default=env_number("COLLECTOR_COALESCE", "16", int),
-                   help="batches per round trip (env CACHEROUTE_COLLECTOR_COALESCE, default 16)")
-    p.add_argument("--max-rates", type=int, default=env_number("MAX_RATES", "10000", int),
-                   help="keys per GetRates answer at most (env CACHEROUTE_MAX_RATES, default 10000)")
+    flag(p, "--window", env="WINDOW_SECONDS", default=300.0, type=float, help="GetRates default window, seconds")
+    flag(p, "--queue-size", env="COLLECTOR_QUEUE", default=64, type=int, help="bounded write queue, batches")
+    flag(p, "--writers", env="COLLECTOR_WRITERS", default=2, type=int, help="Redis writer tasks")
+    flag(p, "--coalesce", env="COLLECTOR_COALESCE", default=16, type=int, help="batches per round trip")
+    flag(p, "--max-rates", env="MAX_RATES", default=10000, type=int, help="keys per GetRates answer at most")
     return p
 
 

@@ -45,7 +45,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
+
+from services.core.plan import Plan
+from services.core.planning import (admit, admit_by_density, check_inputs, exact_sum, imbalance, place_lpt, size_keys,
+                                    with_churn)
 from services.core.request import BLOCK_TOKENS
+from services.core.ring import Ring
 
 NODE_DEPTHS = (32, 64, 128, 256, 512, 1024, 2048, 4096)   # engine blocks
 MIN_KEYS = 2
@@ -319,13 +325,6 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
     least-loaded allowed replica. A key attached to a node (it reached an admitted node covering
     at least half its own prefix) is allowed only on that node's members. `churn` is against `active`.
     """
-    import numpy as np
-
-    from services.core.plan import Plan
-    from services.core.planning import (admit, admit_by_density, check_inputs, exact_sum, imbalance,
-                                        place_lpt, size_keys, with_churn)
-    from services.core.policies._common import Ring
-
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
     check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots)

@@ -57,7 +57,7 @@ import numpy as np
 
 from services.core.plan import Plan
 from services.core.planning import admit, check_inputs, exact_sum, imbalance, place_lpt, size_keys, with_churn
-from services.core.policies._common import Ring
+from services.core.ring import Ring
 
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_HOME_RHO = 0.5

@@ -46,6 +46,7 @@ from services.core.engine import EngineProfile
 from services.core.plan import ShadowReport
 from services.core.policies.cacheroute import BALANCE_FACTOR
 from services.core.request import BLOCK_TOKENS, Request
+from services.core.workloads import block_hashes
 from services.model import DEFAULT_COLD_TAIL, Mode
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +97,6 @@ class ShadowConfig:
 def records_to_requests(records: Iterable[ReplayRecord], *, default_output_tokens: int = 192,
                         namespace: str = "shadow") -> list[Request]:
     """Simulator requests for the records, by time, first arrival at t = 0 (module header)."""
-    from services.core.workloads import block_hashes
-
     recs = sorted(records, key=lambda r: r.time)
     if not recs:
         return []

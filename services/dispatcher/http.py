@@ -91,7 +91,7 @@ from services.dispatcher.budget import http_caller
 from services.dispatcher.dispatch import Dispatcher, Job, Served, http_error
 from services.dispatcher.keys import KEY_HEADER, request_key, tenant_cache_salt
 from services.dispatcher.router import Router
-from services.httpserver import HttpTimeouts
+from services.httpserver import HttpTimeouts, start_http
 
 
 @dataclass(frozen=True)
@@ -346,8 +346,6 @@ class HttpApi:
         return self.running.url if self.running is not None else None
 
     async def start(self) -> "HttpApi":
-        from services.httpserver import start_http
-
         self.running = await start_http(self.front.app(), self.config.host, self.config.port,
                                         reuse_port=self.config.reuse_port, timeouts=self.config.timeouts)
         return self

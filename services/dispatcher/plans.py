@@ -45,12 +45,12 @@ import grpc
 
 from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from services import codec
-from services.planwire import SliceAssembler
-from services.dispatcher.router import Prepared, Router
-from services.core.engines import ACTIVE, DRAINING, REMOVED, EngineSet
+from services.core.engines import ACTIVE, DRAINING, REMOVED, Engine, EngineSet
 from services.dispatcher.monitor import ReplicaMonitor
+from services.dispatcher.router import Prepared, Router
 from services.errors import ServiceError
 from services.model import Mode, Replica
+from services.planwire import SliceAssembler
 from services.rpc import Backoff, TLSFiles, aio_channel, kv, stop_tasks
 from services.store import Store
 
@@ -357,6 +357,4 @@ def _plans_on(plan, replica_id: str) -> bool:
 
 
 def _engine(info: planner_pb2.EngineInfo):
-    from services.core.engines import Engine
-
     return Engine(info.slot, info.id, info.address, info.state, info.source, info.changed_at)

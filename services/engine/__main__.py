@@ -21,7 +21,8 @@ import sys
 from services.core.engine import get_profile
 from services.engine.service import EngineConfig, serve
 from services.engine.servicer import Limits
-from services.rpc import add_server_flags, env, env_number, run_service, server_config
+from services.flags import flag
+from services.rpc import add_server_flags, run_service, server_config
 
 
 def parse_args(argv: list[str] | None) -> EngineConfig:
@@ -29,23 +30,22 @@ def parse_args(argv: list[str] | None) -> EngineConfig:
                                      epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_flags(parser, default_port=50061, default_metrics_port=9161)
     g = parser.add_argument_group("engine")
-    g.add_argument("--replica-id", default=env("REPLICA_ID", "engine-0"), help="(env CACHEROUTE_REPLICA_ID)")
-    g.add_argument("--profile", default=env("PROFILE", "llama3-8b-h100"), help="(env CACHEROUTE_PROFILE)")
-    g.add_argument("--time-scale", type=float, default=env_number("TIME_SCALE", "1.0", float),
-                   help="wall seconds per model second (env CACHEROUTE_TIME_SCALE, default 1.0)")
-    g.add_argument("--kv-blocks", type=int, default=env_number("KV_BLOCKS", "0", int) or None,
-                   help="KV pool in 16-token blocks (env CACHEROUTE_KV_BLOCKS, default: the profile's)")
-    g.add_argument("--collector", default=env("COLLECTOR", ""), help="collector address (env CACHEROUTE_COLLECTOR)")
-    g.add_argument("--report-interval", type=float, default=env_number("REPORT_INTERVAL", "1.0", float),
-                   help="(env CACHEROUTE_REPORT_INTERVAL)")
-    g.add_argument("--max-prompt-tokens", type=int, default=env_number("MAX_PROMPT_TOKENS", "131072", int),
-                   help="(env CACHEROUTE_MAX_PROMPT_TOKENS)")
-    g.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "8192", int),
-                   help="(env CACHEROUTE_MAX_OUTPUT_TOKENS)")
-    g.add_argument("--max-requests", type=int, default=env_number("MAX_REQUESTS", "4096", int),
-                   help="(env CACHEROUTE_MAX_REQUESTS)")
-    g.add_argument("--http-port", type=int, default=env_number("HTTP_PORT", "-1", int),
-                   help="OpenAI HTTP API port, -1 = off, 0 = ephemeral (env CACHEROUTE_HTTP_PORT, default -1)")
+    flag(g, "--replica-id", env="REPLICA_ID", default="engine-0", help="id reported in chunks, stats and telemetry")
+    flag(g, "--profile", env="PROFILE", default="llama3-8b-h100", help="engine profile (services.core.engine.PROFILES)")
+    flag(g, "--time-scale", env="TIME_SCALE", default=1.0, type=float, help="wall seconds per model second")
+    kv = flag(g, "--kv-blocks", env="KV_BLOCKS", default=0, type=int, shown="0 = the profile's",
+              help="KV pool in 16-token blocks")
+    kv.default = kv.default or None
+    flag(g, "--collector", env="COLLECTOR", default="", shown='"" = off', help="collector address for cache stats")
+    flag(g, "--report-interval", env="REPORT_INTERVAL", default=1.0, type=float,
+         help="seconds between cache-stat reports")
+    flag(g, "--max-prompt-tokens", env="MAX_PROMPT_TOKENS", default=131072, type=int,
+         help="longer prompts are INVALID_ARGUMENT")
+    flag(g, "--max-output-tokens", env="MAX_OUTPUT_TOKENS", default=8192, type=int,
+         help="larger max_tokens is INVALID_ARGUMENT")
+    flag(g, "--max-requests", env="MAX_REQUESTS", default=4096, type=int, help="more in flight is RESOURCE_EXHAUSTED")
+    flag(g, "--http-port", env="HTTP_PORT", default=-1, type=int,
+         help="OpenAI HTTP API port (services/engine/http.py), -1 = off, 0 = ephemeral")
     args = parser.parse_args(argv)
     try:
         get_profile(args.profile)

@@ -5,6 +5,7 @@ Environment variables (flags override them):
   CACHEROUTE_KEY_PREFIX (cr)                       Redis key prefix
   CACHEROUTE_BUCKET_SECONDS (10)                   telemetry bucket width (collector must agree)
   CACHEROUTE_RETENTION_SECONDS (3600)              telemetry retention
+  CACHEROUTE_BUCKET_KEYS (20000)                   distinct keys counted per bucket, the rest untracked; 0 = no cap
   CACHEROUTE_REPLICAS (required unless --discover) replica ids, or id=host:port pairs; the engine set's first slots
                                                    (`cacheroute engines add|drain|remove` changes it at run time)
   CACHEROUTE_Q_CAP (20)                            req/s one replica carries at the latency knee

@@ -29,7 +29,9 @@ from services.core.engine import get_profile
 from services.core.planning import build_plan
 from services.core.policies import make_policy
 from services.core.shadow import ReplayRecord, records_to_requests
-from services.sim.calibrate import warm_slots as warm_slots_for
+from services.core.warm import warm_slots as warm_slots_for
+from services.rpc import stop_tasks
+from services.rpc.loops import every
 from services.sim.simulator import SimConfig, Simulator
 
 
@@ -164,7 +166,6 @@ class RecommendedReplicas:
     def start(self) -> None:
         import asyncio
 
-        from services.rpc.loops import every
 
         async def guarded() -> None:
             try:
@@ -176,7 +177,5 @@ class RecommendedReplicas:
         self._task = asyncio.create_task(every(self.interval, guarded), name="planner-advisor")
 
     async def stop(self) -> None:
-        from services.rpc import stop_tasks
-
         await stop_tasks([self._task])
         self._task = None

@@ -39,6 +39,7 @@ import numpy as np
 
 from services.core.plan import Plan, SwitchDecision
 from services.core.planning import build_plan, with_churn
+from services.core.prefixes import build_prefix_plan
 from services.core.replan import build_at_home, replan_incremental, ring_homes, served_homes
 from services.core.switching import SwitchConfig, WindowColumns, decide_switch, decide_switch_window
 from services.model import ControlState, RatesSnapshot
@@ -115,8 +116,6 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
     home, when balance allows (services.core.replan.served_homes, ring_homes), in a churn-aware
     build and in a first plan (`build_at_home`)."""
     if prefix:
-        from services.core.prefixes import build_prefix_plan
-
         pt = inputs.prefix_tokens
         tokens = [pt.get(k, 0.0) for k in inputs.keys] if isinstance(pt, Mapping) else [float(pt)] * len(inputs.keys)
         plan = build_prefix_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,

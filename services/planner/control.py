@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from services.core.plan import Plan
+from services.core.prefixes import samples_from_counts
 from services.core.rates import nested_window_rates
 from services.core.switching import SwitchConfig
 from services.errors import FailedPrecondition, Unavailable
 from services.model import ControlState, Mode, RatesSnapshot
 from services.planner.candidate import BuildInputs, propose
+from services.planner.gate import check_active, guard, validated_report
 from services.rpc import kv, stop_tasks
 from services.store import Fenced, FlatMode, Pinned, StaleVersion, Store
 
@@ -278,8 +280,6 @@ class ControlLoop:
 
     async def prefix_inputs(self, inputs: BuildInputs, snap, now: float) -> BuildInputs:
         """The window's prefix-node samples, prompt tokens and achieved hit rate, for a prefix plan."""
-        from services.core.prefixes import samples_from_counts
-
         window = self.config.window_seconds
         counts = await self.store.prefix_counts(now, window)
         stats = await self.store.cache_stats(now, window)
@@ -309,8 +309,6 @@ class ControlLoop:
                              now: float) -> tuple[Plan, "Verdict"]:
         """Replay the candidate (and the active plan) on the recent window; the candidate with its
         report and the gate's verdict folded into its decision, and the verdict."""
-        from services.planner.gate import check_active, guard, validated_report
-
         result = await self.gate.run(self.store, now, plan, active)
         report = result.report
         check = None

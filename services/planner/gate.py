@@ -45,10 +45,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from services import codec
+from services.core import shadow
+from services.core.engine import get_profile
 from services.core.plan import Plan, ShadowReport
-from services.core.shadow import FallbackConfig, Observed, fallback_check
+from services.core.shadow import FallbackConfig, Observed, ShadowConfig, fallback_check
 from services.model import DEFAULT_COLD_TAIL, ArrivalRecord, Mode
 from services.rpc import kv
+from services.sim import replay
 from services.store import Store
 
 log = logging.getLogger("cacheroute.planner.gate")
@@ -75,8 +79,6 @@ class GateConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from services.core.engine import get_profile
-
         get_profile(self.profile)                          # ValueError for an unknown one
         for name in ("window_seconds", "time_scale", "slo_p99", "timeout"):
             value = getattr(self, name)
@@ -86,9 +88,6 @@ class GateConfig:
             raise ValueError("gate margin must be in [0, 1)")
 
     def shadow_config(self, replicas: int, *, scales: tuple[float, ...] | None = None):
-        from services.core.engine import get_profile
-        from services.core.shadow import ShadowConfig
-
         return ShadowConfig(get_profile(self.profile), replicas, kv_blocks=self.kv_blocks, slo_p99=self.slo_p99,
                             margin=self.margin, load_scales=scales or self.load_scales,
                             max_requests=self.max_requests, cold=self.cold, seed=self.seed)
@@ -107,10 +106,6 @@ class GateOutcome:
 def evaluate(records: Sequence[tuple[str, float, int, int]], candidate_json: bytes | None, active_json: bytes | None,
              config: GateConfig) -> dict[str, Any]:
     """Gate the candidate and observe the active plan on `records` (key, wall time, prompt, prefix)."""
-    from services import codec
-    from services.core import shadow
-    from services.sim import replay
-
     recs = shadow.latest([shadow.ReplayRecord(k, t / config.time_scale, max(1, p), x) for k, t, p, x in records],
                          config.max_requests)
     out: dict[str, Any] = {"report": None, "observed": None}
@@ -124,9 +119,6 @@ def evaluate(records: Sequence[tuple[str, float, int, int]], candidate_json: byt
 
 
 def _observe(recs: list, active: Plan, config: GateConfig) -> Observed:
-    from services.core import shadow
-    from services.sim import replay
-
     keys = len({r.key for r in recs})
     reqs = shadow.records_to_requests(recs, default_output_tokens=192)
     if len(reqs) < 10 or reqs[-1].arrival <= 0:
@@ -268,8 +260,6 @@ class Gate:
 
 
 def _json(plan: Plan | None) -> bytes | None:
-    from services import codec
-
     return codec.plan_to_json(plan) if plan is not None else None
 
 

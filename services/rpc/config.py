@@ -18,23 +18,12 @@ Per-service ports come from each service's own flags/env (see its __main__).
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, field
 
+from services.flags import env, env_number
 from services.rpc.tls import TLSFiles
 
-
-def env(name: str, default: str = "") -> str:
-    return os.environ.get(f"CACHEROUTE_{name}", default)
-
-
-def env_number(name: str, default: str, kind: type[int] | type[float]) -> int | float:
-    """A numeric flag default from CACHEROUTE_<name>; a bad value is a one-line ValueError naming the variable."""
-    raw = env(name, default)
-    try:
-        return kind(raw)
-    except ValueError:
-        raise ValueError(f"CACHEROUTE_{name}={raw!r} is not a valid {kind.__name__}") from None
+__all__ = ["ServerConfig", "add_server_flags", "env", "env_number", "read_secret", "server_config"]
 
 
 def read_secret(value: str | None, path: str | None) -> str | None:

@@ -10,7 +10,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 from services.core.engine import PROFILES, get_profile
 from services.core.metrics import slo_capacity
+from services.core.policies import POLICIES, make_policy
 from services.core.request import Request
+from services.core.workloads import history_rates, make_workload
+from services.sim import calibrate, tracefiles
 from services.sim.simulator import PLANNED, SimConfig, Simulator, scratch_plan_fn
 
 # planned policies' re-plan every interval: "churn" is the simulator's default (the planner's
@@ -48,8 +51,6 @@ class RunSpec:
 def load_requests(spec: RunSpec) -> list[Request]:
     """The spec's requests, sorted by arrival. ValueError with the valid choices if unknown."""
     if spec.trace is not None:
-        from services.sim import tracefiles
-
         if not os.path.isfile(spec.trace) or not os.access(spec.trace, os.R_OK):
             raise ValueError(f"cannot read trace {spec.trace!r}")
         if spec.trace.endswith((".jsonl", ".json")):
@@ -62,21 +63,16 @@ def load_requests(spec: RunSpec) -> list[Request]:
         if spec.duration is not None:
             reqs = [q for q in reqs if q.arrival < spec.duration]
         return reqs
-    from services.core.workloads import make_workload
 
     if spec.qps is None or spec.duration is None:
         raise ValueError("a synthetic workload needs --qps and --duration")
     knobs = dict(spec.workload_knobs)
     if spec.arrival_trace is not None:
-        from services.sim import tracefiles
-
         knobs["arrivals"] = tracefiles.replayed_arrivals(spec.arrival_trace, qps=spec.qps, duration=spec.duration)
     return make_workload(spec.workload, qps=spec.qps, duration=spec.duration, seed=spec.seed, **knobs).requests
 
 
 def check_names(policy: str | Iterable[str], profile: str) -> None:
-    from services.core.policies import POLICIES
-
     for name in [policy] if isinstance(policy, str) else policy:
         if name not in POLICIES:
             raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
@@ -86,8 +82,6 @@ def check_names(policy: str | Iterable[str], profile: str) -> None:
 def config_for(spec: RunSpec) -> SimConfig:
     prior, prior_seconds = (), 0.0
     if spec.rate_history:
-        from services.core.workloads import history_rates
-
         if spec.trace is not None or spec.qps is None:
             raise ValueError("--rate-history needs a synthetic workload and --qps")
         prior = tuple(history_rates(spec.workload, qps=spec.qps, seconds=spec.rate_history, seed=spec.seed,
@@ -110,8 +104,6 @@ def config_for(spec: RunSpec) -> SimConfig:
 
 def run_spec(spec: RunSpec, requests: Sequence[Request] | None = None) -> dict:
     """Simulate one spec; the JSON summary (SimResult.as_dict) plus the offered qps."""
-    from services.core.policies import make_policy
-
     check_names(spec.policy, spec.profile)
     reqs = requests if requests is not None else load_requests(spec)
     if not reqs:
@@ -123,8 +115,6 @@ def run_spec(spec: RunSpec, requests: Sequence[Request] | None = None) -> dict:
 
 
 def calibrated_q_cap(spec: RunSpec, requests: Sequence[Request] | None = None) -> float:
-    from services.sim import calibrate
-
     reqs = requests if requests is not None else load_requests(spec)
     return calibrate.q_cap_for(get_profile(spec.profile), reqs, spec.replicas, kv_blocks=spec.kv_blocks)
 

@@ -36,7 +36,7 @@ of observation; it needs a horizon (a prior without one is ignored). Until
 the first plan they run their cold path; `first_plan_at` (if earlier than the first interval)
 bootstraps a plan from the arrivals so far, the way a planner seeds a new cluster from its
 first telemetry, so a cold-path backlog built before the first plan does not leak into the
-measured window. q_cap and W come from services.sim.calibrate
+measured window. q_cap comes from services.sim.knee (run on p99_alone below), W from services.core.warm
 unless given.
 
 Failures: `Failure(replica, at, back)` takes a replica down at `at` (its queued and running
@@ -61,6 +61,8 @@ from services.core.plan import Plan
 from services.core.policy import ClusterState, NoHealthyReplica, Policy, Reason
 from services.core.request import Request
 from services.core.traces import ideal_hits
+from services.core.warm import warm_slots
+from services.sim import knee
 
 PLANNED = frozenset({"cacheroute", "cacheroute-prefix", "affinity", "affinity-replication"})
 
@@ -90,7 +92,7 @@ class SimConfig:
     rate_prior: tuple[tuple[str, float, int], ...] = ()   # (key, req/s, prefix tokens) known before t = 0
     rate_prior_seconds: float = 0.0       # how much history rate_prior summarises (its EWMA weight)
     q_cap: float | None = None            # req/s per replica at the knee; None: calibrate
-    warm_slots: int | None = None         # W; None: derived each interval (calibrate.warm_slots)
+    warm_slots: int | None = None         # W; None: derived each interval (services/core/warm.py)
     w_safety: float = 0.5                 # share of the KV cache W may fill with prefixes
     prefix_oracle: bool = True            # expose ClusterState.prefix_match
     fast_forward: bool = True             # collapse decode-only stretches (off: one event per step)
@@ -379,8 +381,6 @@ class Simulator:
         self._signal(r)
 
     def _replan(self, t: float) -> None:
-        from services.sim import calibrate
-
         cfg = self.config
         window = cfg.rate_window or cfg.control_interval
         if 0 < t - self._counted_since < window:
@@ -396,7 +396,7 @@ class Simulator:
         rates = [counts[k] / window for k in keys]
         total = sum(counts.values())
         mean_prefix = sum(self._prefix[k] * c for k, c in counts.items()) / total
-        w = cfg.warm_slots or calibrate.warm_slots(cfg.profile, mean_prefix, cfg.w_safety, cfg.kv_blocks)
+        w = cfg.warm_slots or warm_slots(cfg.profile, mean_prefix, cfg.w_safety, cfg.kv_blocks)
         version = (self._plan.version + 1) if self._plan is not None else 1
         plan_fn = cfg.plan_fn or (prefix_plan_fn if self._nodes is not None else default_plan_fn)
         more = {}
@@ -425,8 +425,7 @@ class Simulator:
         n = len(reqs)
         calibration = time.perf_counter()
         if self.planned and self.q_cap is None:
-            from services.sim import calibrate
-            self.q_cap = calibrate.q_cap_for(cfg.profile, reqs, cfg.replicas, kv_blocks=cfg.kv_blocks)
+            self.q_cap = knee.q_cap_for(cfg.profile, reqs, cfg.replicas, run=p99_alone, kv_blocks=cfg.kv_blocks)
         wall0 = time.perf_counter()
         calibration = wall0 - calibration
         self._arrival_at = [q.arrival for q in reqs]
@@ -531,3 +530,8 @@ def prefix_plan_fn(*, now: float, keys: list[str], rates: list[float], healthy: 
 def simulate(config: SimConfig, policy: Policy, requests: Sequence[Request]) -> SimResult:
     return Simulator(config, policy, requests).run()
 
+
+
+def p99_alone(profile: EngineProfile, requests: Sequence[Request], options: dict) -> float:
+    """p99 TTFT of one replica serving `requests` under knee.Single (the knee search's `run`)."""
+    return Simulator(SimConfig(profile, 1, **options), knee.Single(), requests).run().metrics.ttft_p99

@@ -9,7 +9,8 @@ planner lease. The only code that knows Redis.
   connect.py       Redis URLs (redis://, redis+cluster://, ...) -> redis-py clients, sync and asyncio
   window_cache.py  the Redis store's cache of per-bucket window sums
   memory.py        `MemoryStore`, the in-process twin
-  config.py        `TelemetryConfig`, the store flags, `open_store`
+  config.py        `TelemetryConfig`, the store flags
+  factory.py       `open_store` (memory:// or Redis)
 
 `from services.store import X` works for every public name below. The records and control
 state (`Mode`, `ArrivalRecord`, `ControlState`, ...) are defined in services.model.
@@ -28,8 +29,9 @@ from services.model import (
     RatesSnapshot,
 )
 from services.store.buckets import key_totals, split_by_bucket
-from services.store.config import TelemetryConfig, add_store_flags, open_store, telemetry_from_args
+from services.store.config import TelemetryConfig, add_store_flags, telemetry_from_args
 from services.store.contract import HISTORY_MAX, Fenced, FlatMode, Pinned, StaleVersion, Store, Subscription
+from services.store.factory import open_store
 from services.store.keys import log_blob, log_lines, summary_of
 from services.store.memory import MemoryStore
 from services.store.redis import RedisStore

@@ -1,15 +1,14 @@
-"""Store configuration: the telemetry bucketing, the store flags the planner and the collector
-share (they must agree on the bucketing), and `open_store`, which picks the implementation."""
+"""Store configuration: the telemetry bucketing and the store flags the planner and the collector
+share (they must agree on the bucketing). `open_store`, which picks the implementation, is in
+factory.py: the implementations import TelemetryConfig from here, so this module imports none
+of them."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from services.store.contract import Store
-
+from services.flags import flag
 
 @dataclass(frozen=True, slots=True)
 class TelemetryConfig:
@@ -38,35 +37,17 @@ class TelemetryConfig:
         return math.ceil(self.retention_seconds + self.bucket_seconds)
 
 
-def open_store(url: str, *, telemetry: TelemetryConfig | None = None, prefix: str = "cr") -> "Store":
-    """`memory://` for the in-process twin, otherwise a Redis URL."""
-    if url.startswith("memory://"):
-        from services.store.memory import MemoryStore
-
-        return MemoryStore(telemetry)
-    from services.store.redis import RedisStore
-
-    return RedisStore(url, prefix=prefix, telemetry=telemetry)
-
-
 def add_store_flags(parser) -> None:
     """Flags for reaching the store, shared by the planner and the collector (which must agree
-    on the telemetry bucketing). Defaults from env vars."""
-    from services.rpc import env, env_number
-
+    on the telemetry bucketing). Defaults from env vars (services.flags)."""
     g = parser.add_argument_group("store")
-    g.add_argument("--redis", default=env("REDIS_URL", "redis://127.0.0.1:6379/0"),
-                   help="Redis URL, or memory:// for an in-process store "
-                        "(env CACHEROUTE_REDIS_URL, default redis://127.0.0.1:6379/0)")
-    g.add_argument("--key-prefix", default=env("KEY_PREFIX", "cr"),
-                   help="prefix of every Redis key (env CACHEROUTE_KEY_PREFIX, default cr)")
-    g.add_argument("--bucket-seconds", type=float, default=env_number("BUCKET_SECONDS", "10", float),
-                   help="telemetry bucket width (env CACHEROUTE_BUCKET_SECONDS, default 10)")
-    g.add_argument("--retention-seconds", type=float, default=env_number("RETENTION_SECONDS", "3600", float),
-                   help="telemetry retention (env CACHEROUTE_RETENTION_SECONDS, default 3600)")
-    g.add_argument("--bucket-keys", type=int, default=env_number("BUCKET_KEYS", "20000", int),
-                   help="distinct keys counted per telemetry bucket, the rest as untracked; 0 = no cap "
-                        "(env CACHEROUTE_BUCKET_KEYS, default 20000)")
+    flag(g, "--redis", env="REDIS_URL", default="redis://127.0.0.1:6379/0",
+         help="Redis URL, or memory:// for an in-process store")
+    flag(g, "--key-prefix", env="KEY_PREFIX", default="cr", help="prefix of every Redis key")
+    flag(g, "--bucket-seconds", env="BUCKET_SECONDS", default=10.0, type=float, help="telemetry bucket width")
+    flag(g, "--retention-seconds", env="RETENTION_SECONDS", default=3600.0, type=float, help="telemetry retention")
+    flag(g, "--bucket-keys", env="BUCKET_KEYS", default=20000, type=int,
+         help="distinct keys counted per telemetry bucket, the rest as untracked; 0 = no cap")
 
 
 def telemetry_from_args(args) -> TelemetryConfig:

@@ -20,8 +20,10 @@ from typing import Sequence
 
 import orjson
 
+from services import codec
+from services.core.engines import EngineSet, engines_from_dict, engines_to_dict
 from services.core.plan import Plan
-from services.model import ArrivalRecord, CacheStatRecord, HistoryEntry, MAX_KEY_BYTES, Mode, PlanEvent
+from services.model import MAX_KEY_BYTES, ArrivalRecord, CacheStatRecord, HistoryEntry, Mode, PlanEvent
 
 
 class Keys:
@@ -104,14 +106,10 @@ def merge_counters(into: dict[str, list[int]], fields: dict[str, int]) -> None:
 
 
 def encode_plan(plan: Plan) -> bytes:
-    from services import codec
-
     return codec.plan_to_json(plan)
 
 
 def decode_plan(data: bytes) -> Plan:
-    from services import codec
-
     return codec.plan_from_json(data)
 
 
@@ -194,13 +192,9 @@ def unseal_blob(blob: bytes):
 # the engine set: one hash, {version, set (JSON of services.core.engines.engines_to_dict)}
 
 def engines_blob(engines) -> bytes:
-    from services.core.engines import engines_to_dict
-
     return orjson.dumps(engines_to_dict(engines))
 
 
 def engines_from_blob(blob: bytes | None):
-    from services.core.engines import EngineSet, engines_from_dict
-
     return engines_from_dict(orjson.loads(blob)) if blob else EngineSet()
 

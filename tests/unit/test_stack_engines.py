@@ -1,5 +1,5 @@
 """`cacheroute up --engines/--engine-kind/--model`: the stack's engine list as dispatchers and the
-planner receive it, and the configuration errors (services.stack, clients.cli.local)."""
+planner receive it, and the configuration errors (services.stack, clients.cli.up)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from clients.cli import CliError
-from clients.cli.local import add_up, stack_config
+from clients.cli.up import add_up, stack_config
 from services.stack import Stack, StackConfig, parse_http_line
 
 

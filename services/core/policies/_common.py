@@ -1,5 +1,6 @@
-"""Pieces shared by the policies: power-of-two choices, least-loaded member, a
-consistent-hash ring, and an approximate per-replica prefix index.
+"""Pieces shared by the policies: power-of-two choices, least-loaded member, and an
+approximate per-replica prefix index (the consistent-hash ring lives in services/core/ring.py,
+below the policies, because the planning core builds rings too; it is re-exported here).
 
 Everything here is pure and per-instance: randomness comes from the `random.Random` the
 policy was built with, hashing from blake2b (Python's `hash()` of a str is salted per
@@ -8,20 +9,13 @@ process, so it would break determinism across runs and between dispatchers).
 
 from __future__ import annotations
 
-import bisect
-import hashlib
 import random
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 from services.core.policy import ClusterState, NoHealthyReplica
+from services.core.ring import Ring, stable_hash
 
-_KEY_CACHE_LIMIT = 1 << 20
-
-
-def stable_hash(text: str, salt: int = 0) -> int:
-    """64-bit hash of `text`, identical in every process."""
-    data = f"{salt}:{text}".encode() if salt else text.encode()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+__all__ = ["PrefixIndex", "Ring", "least_loaded", "matcher", "p2c", "pick_best", "require_healthy", "stable_hash"]
 
 
 def p2c(rng: random.Random, state: ClusterState) -> int:
@@ -75,55 +69,6 @@ def pick_best(scores: dict[int, float], rng: random.Random, *, lowest: bool) -> 
     target = min(scores.values()) if lowest else max(scores.values())
     best = [r for r, s in scores.items() if s == target]
     return best[0] if len(best) == 1 else rng.choice(best)
-
-
-class Ring:
-    """Consistent-hash ring with `vnodes` points per replica (ketama-style)."""
-
-    def __init__(self, replicas: int, vnodes: int = 160, salt: int = 0):
-        if replicas < 1 or vnodes < 1:
-            raise ValueError("a ring needs replicas >= 1 and vnodes >= 1")
-        points = sorted((stable_hash(f"replica-{r}#{v}", salt), r)
-                        for r in range(replicas) for v in range(vnodes))
-        self.replicas = replicas
-        self._hashes = [h for h, _ in points]
-        self._owners = [r for _, r in points]
-        self._salt = salt
-        self._start: dict[str, int] = {}
-
-    def start(self, key: str) -> int:
-        """Ring position of the first point at or after the key's hash."""
-        pos = self._start.get(key)
-        if pos is None:
-            if len(self._start) >= _KEY_CACHE_LIMIT:
-                self._start.clear()
-            pos = bisect.bisect_left(self._hashes, stable_hash(key, self._salt)) % len(self._hashes)
-            self._start[key] = pos
-        return pos
-
-    def walk(self, key: str) -> Iterator[int]:
-        """Owners clockwise from the key, each replica once."""
-        owners, n = self._owners, len(self._owners)
-        pos, seen = self.start(key), set()
-        for step in range(n):
-            r = owners[(pos + step) % n]
-            if r not in seen:
-                seen.add(r)
-                yield r
-                if len(seen) == self.replicas:
-                    return
-
-    def first(self, key: str) -> int:
-        return self._owners[self.start(key)]
-
-    def distinct(self, key: str, k: int) -> tuple[int, ...]:
-        """The first k distinct replicas clockwise from the key."""
-        out = []
-        for r in self.walk(key):
-            out.append(r)
-            if len(out) == k:
-                break
-        return tuple(out)
 
 
 class PrefixIndex:
