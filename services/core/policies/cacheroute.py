@@ -16,7 +16,27 @@ The least-loaded member is tried first, so if it fails every member fails; the r
 spills to the key's consistent-hash ring successors (first one within the bound) ->
 Reason.FALLBACK. Walking the key's own ring keeps one key's spill on few replicas, so the
 spilled prefix stays warm there; the least-loaded healthy replica always meets the bound
-(c >= 1), so the walk ends.
+(c >= 1), so the walk ends. A spill must also pay for what it costs (`_pays`, issue 23's
+third pass): in-flight counts say nothing about work when most of a queue is cache hits, and a
+spilled request re-prefills its prefix on the target and evicts about as much there. So the
+member is left only when its queued prefill (ClusterState.prefill_tokens) exceeds one engine
+step (`spill_backlog`, 8,192 tokens: vLLM's default max_num_batched_tokens; below it the member
+starts the request's prefill in its next step anyway) and the target's by more than
+`spill_cost` (2) x the request's reusable prefix (its own prefill plus re-prefilling what it
+evicts). Measured (docs/experiments.md, "Routing rules, third pass"): in the engine-bound
+regime the in-flight guard alone spilled 10 points of hit rate at 24 req/s and cascaded
+(p50 0.5 s); with the rule 1 point, and the p99 at K = 256 fell too.
+
+Cold tail with memory (`memory_keys`, default 65,536 keys in two generations): a key's
+latest replica is remembered (planned picks too, so a key leaving the plan stays put) and
+the key returns there while it is within the bound or a spill would not pay. A first-sight
+key goes to its ring owner while the owner holds at most the mean in flight, else to the
+lighter of its first two ring replicas (two choices), within the bound. Balancing first
+sight is what keeps in-flight skew, and so KV preemption, down where most keys are cold (the
+flagship: 1,102 preemptions at 150 QPS with the ring alone, 92 with this); the ring owner
+first keeps dispatchers agreeing at low load; the planner admits a key where telemetry saw
+it served (services.core.replan.served_homes), so admission moves nothing. The memory is
+per dispatcher and soft: lost on restart, it costs at most one move per key.
 
 Knobs: `cold` = "chwbl" (default: the session-aware cold tail, consistent hashing with
 bounded loads, so a recurring cold key tends to return to the replica that has its prefix;
@@ -35,8 +55,11 @@ did not hold low-reuse at 100 QPS. `spill_floor` (default 8): a replica with few
 requests in flight is never called overloaded; at small counts the ratio is noise (the
 reason SGLang's router also wants an absolute gap before it balances), and 8 requests of a
 few thousand prompt tokens are a handful of 8,192-token prefill steps, well under a second.
+`spill_cost` None and `memory_keys` 0 give the rules before the third pass.
 Sources: CacheRoute paper, Algorithm 1 line 21 and section 3.3; Mirrokni, Thorup,
-Zadimoghaddam, "Consistent Hashing with Bounded Loads", SODA'18 (the bound).
+Zadimoghaddam, "Consistent Hashing with Bounded Loads", SODA'18 (the bound); Mitzenmacher,
+"The Power of Two Choices in Randomized Load Balancing", IEEE TPDS 2001; vLLM's scheduler
+config (max_num_batched_tokens 8,192 with chunked prefill).
 """
 
 from __future__ import annotations
