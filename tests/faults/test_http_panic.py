@@ -37,8 +37,9 @@ def test_health_checks_alone_never_empty_the_rotation(failure):
             await wait_until(lambda: service.monitor.panic, timeout=5)
             async with aiohttp.ClientSession() as session:
                 seen = set()
-                for _ in range(12):
-                    async with session.post(service.http_url + "/v1/chat/completions", json=BODY) as resp:
+                for i in range(12):   # 12 keys: one key keeps to its replica (the cold tail's memory)
+                    body = {**BODY, "messages": [{"role": "user", "content": f"hi {i}"}]}
+                    async with session.post(service.http_url + "/v1/chat/completions", json=body) as resp:
                         assert resp.status == 200, await resp.read()
                         seen.add(resp.headers["x-cacheroute-replica"])
                 assert len(seen) >= 2, "panic mode routes over all replicas, not one"

@@ -156,7 +156,9 @@ def test_cold_keys_return_to_their_replica_and_first_sight_takes_the_lighter_of_
     walk = list(Ring(R).walk("t"))
     load = [4] * R
     assert p.pick(request("t"), state_with(load)) == (walk[0], Reason.COLD)   # owner at the mean: owner
-    load[walk[0]] = 5                                 # the owner above the mean (ceil(33 / 8) = 5)
+    load[walk[0]] = 6                                 # one over the mean (ceil(34 / 8) = 5): still the owner
+    assert make_policy("cacheroute", R).pick(request("t"), state_with(load)).replica == walk[0]
+    load[walk[0]] = 7                                 # two over the mean (ceil(35 / 8) = 5)
     fresh = make_policy("cacheroute", R)
     assert fresh.pick(request("t"), state_with(load)).replica == walk[1]      # first sight: the lighter
     assert fresh.remembered("t") == walk[1]

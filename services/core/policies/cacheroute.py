@@ -30,8 +30,8 @@ regime the in-flight guard alone spilled 10 points of hit rate at 24 req/s and c
 Cold tail with memory (`memory_keys`, default 65,536 keys in two generations): a key's
 latest replica is remembered (planned picks too, so a key leaving the plan stays put) and
 the key returns there while it is within the bound or a spill would not pay. A first-sight
-key goes to its ring owner while the owner holds at most the mean in flight, else to the
-lighter of its first two ring replicas (two choices), within the bound. Balancing first
+key goes to its ring owner while the owner holds at most one request over the mean in
+flight, else to the lighter of its first two ring replicas (two choices), within the bound. Balancing first
 sight is what keeps in-flight skew, and so KV preemption, down where most keys are cold (the
 flagship: 1,102 preemptions at 150 QPS with the ring alone, 92 with this); the ring owner
 first keeps dispatchers agreeing at low load; the planner admits a key where telemetry saw
@@ -303,6 +303,10 @@ class CacheRoutePolicy:
         its ring owner while the owner holds at most the mean in flight, else to the less loaded of
         its first two ring replicas (two choices: Mitzenmacher, "The Power of Two Choices in
         Randomized Load Balancing", 2001), within the bound, else down the ring (`_cold`).
+        "At most the mean" allows one request over it: each dispatcher sees a key for the first
+        time on its own, at another moment, and one request of someone else's in flight on the
+        owner must not send a sequential user elsewhere (tests/e2e/test_sequential.py with 4
+        dispatchers failed without it).
         Balancing first sight is what keeps in-flight skew and KV preemptions down where most keys
         are cold (docs/experiments.md, "Routing rules, third pass"); the ring owner first keeps
         dispatchers agreeing at low load, and the planner admits a key where telemetry says it was
@@ -330,8 +334,7 @@ class CacheRoutePolicy:
                 else:
                     second = c
                     break
-        mean_bound = math.ceil((total + 1) / live)
-        if load[first] + 1 <= mean_bound:
+        if load[first] <= math.ceil(total / live) + 1:      # at most one request over the mean
             return self._remember(key, first)
         pick = second if second >= 0 and load[second] < load[first] else first
         if load[pick] + 1 > bound:
