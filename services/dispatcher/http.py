@@ -138,6 +138,7 @@ class FrontDoor:
         self.budget = None                          # services.dispatcher.budget.SharedBudget, set by the service
         self._requests = Counter("cacheroute_http_requests", "HTTP API requests by endpoint and status",
                                  ["endpoint", "status"], registry=registry)
+        self._counted: dict[tuple[str, int], Counter] = {}
 
     # ------------------------------------------------------------ app
 
@@ -166,7 +167,10 @@ class FrontDoor:
                                             code="method_not_allowed"))
         except web.HTTPException as exc:
             resp = self._error(oai.ApiError(exc.status, exc.reason or "bad request"))
-        self._requests.labels(endpoint, str(resp.status)).inc()
+        counter = self._counted.get((endpoint, resp.status))
+        if counter is None:                 # labels() once per (endpoint, status): a lock and a dict otherwise
+            counter = self._counted[endpoint, resp.status] = self._requests.labels(endpoint, str(resp.status))
+        counter.inc()
         return resp
 
     @staticmethod
