@@ -33,8 +33,10 @@ Environment variables (flags override them):
                                             With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
                                             Route, RouteBatch and Generate require one of them; GetStatus stays open.
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
-  CACHEROUTE_WORKERS (1)                    worker processes sharing the ports (SO_REUSEPORT), 0 = one per
-                                            core; > 1 runs a supervisor (services/dispatcher/workers.py) whose
+  CACHEROUTE_WORKERS (0)                    worker processes sharing the ports (SO_REUSEPORT); 0 (default) =
+                                            one per core this process may run on (os.sched_getaffinity: a
+                                            container's cpuset counts, not the host's cores); 1 = no supervisor,
+                                            the dispatcher in this process; > 1 runs a supervisor (services/dispatcher/workers.py) whose
                                             metrics port serves every worker's metrics, labelled worker="I"
   CACHEROUTE_UVLOOP (1)                     1: the event loop is uvloop's (less CPU per request,
                                             docs/benchmarks.md); 0: asyncio's default loop
@@ -173,8 +175,9 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
                    help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
     g.add_argument("--engine-kind", default=env("ENGINE_KIND", "cacheroute"), choices=KINDS,
                    help="kind of replicas given without KIND+ (env CACHEROUTE_ENGINE_KIND, default cacheroute)")
-    g.add_argument("--workers", type=int, default=env_number("WORKERS", "1", int),
-                   help="worker processes sharing the ports, 0 = one per core (env CACHEROUTE_WORKERS, default 1)")
+    g.add_argument("--workers", type=int, default=env_number("WORKERS", "0", int),
+                   help="worker processes sharing the ports, 0 = one per available core (env CACHEROUTE_WORKERS, "
+                        "default 0)")
     g.add_argument("--uvloop", type=int, choices=(0, 1), default=env_number("UVLOOP", "1", int),
                    help="1: run on uvloop (less CPU per request), 0: asyncio's default loop "
                         "(env CACHEROUTE_UVLOOP, default 1)")
