@@ -89,7 +89,7 @@ from services.backends.base import ApiCall, Backend, Deadlines, EngineError
 from services.core import routing
 from services.dispatcher.budget import http_caller
 from services.dispatcher.dispatch import Dispatcher, Job, Served, http_error
-from services.dispatcher.keys import KEY_HEADER, request_key, tenant_cache_salt
+from services.dispatcher.keys import KEY_HEADER, PromptKeys, request_key, tenant_cache_salt
 from services.dispatcher.router import Router
 from services.httpserver import HttpTimeouts
 
@@ -139,6 +139,7 @@ class FrontDoor:
         self._requests = Counter("cacheroute_http_requests", "HTTP API requests by endpoint and status",
                                  ["endpoint", "status"], registry=registry)
         self._counted: dict[tuple[str, int], Counter] = {}
+        self._keys = PromptKeys(config.key_tokens)   # text-derived keys, memoised by their words
 
     # ------------------------------------------------------------ app
 
@@ -256,7 +257,8 @@ class FrontDoor:
         try:
             if header_key:
                 header_key.encode("utf-8")      # aiohttp keeps undecodable bytes as surrogates
-            key = request_key(req.text, header_key, tenant=tenant, salt=req.salt, key_tokens=self.config.key_tokens)
+            key = request_key(req.text, header_key, tenant=tenant, salt=req.salt, key_tokens=self.config.key_tokens,
+                              keys=self._keys)
         except UnicodeEncodeError:
             raise oai.bad_request("routing key: not valid UTF-8", KEY_HEADER) from None
         except ValueError as exc:

@@ -143,3 +143,31 @@ def test_http_request_key_is_unchanged_with_tenant_and_salt():
     from services.dispatcher.keys import request_key
 
     assert request_key(_LONG, None, tenant="t1", salt="s") == "t1/0005cd707255cda1~e64984c3aacf6ede"
+
+
+@pytest.mark.parametrize("tokens", [64, 16, 1])
+def test_memoised_prompt_keys_are_the_derived_keys(tokens):
+    from services.dispatcher.keys import PromptKeys
+
+    keys = PromptKeys(tokens, size=3)           # small: the memo is emptied and refilled on the way
+    texts = [t for t, _, _ in _GOLDEN_KEYS] + ["x " * 5, "\u00a0".join(["w"] * 70), "a\x1cb c"]
+    for _ in range(2):                          # misses, then hits
+        for text in texts:
+            assert keys(text) == routing.key_from_prompt(text, tokens), text
+    assert len(keys._memo) <= 3
+    with pytest.raises(ValueError):
+        keys(" \t\n")
+
+
+@given(st.text(alphabet=_ASCII_MIX | st.sampled_from(["\u00a0", "\u3000", "\u00e9"]), min_size=1, max_size=400))
+def test_memoised_prompt_keys_agree_on_any_text(text):
+    from services.dispatcher.keys import PromptKeys
+
+    keys = PromptKeys(8)
+    try:
+        expected = routing.key_from_prompt(text, 8)
+    except ValueError:
+        with pytest.raises(ValueError):
+            keys(text)
+        return
+    assert keys(text) == expected == keys(text)
