@@ -20,7 +20,7 @@ prints its top 25 functions by own time; `--no-uvloop` runs its event loop on as
 default loop (CACHEROUTE_UVLOOP=0).
 
     PYTHONPATH=$PWD:$PWD/protos nice -n 19 .venv/bin/python bench/dispatcher_cpu.py \
-        [--requests 1000] [--concurrency 8] [--profile] [--no-uvloop] [--json]
+        [--requests 1000] [--concurrency 8] [--system-words 1000,4000] [--profile] [--no-uvloop] [--json]
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ async def main(args) -> dict:
     profile = (args.profile_out or tempfile.mktemp(suffix=".prof")) if args.profile else None
     dispatcher = spawn_dispatcher(replicas, port, profile, args.uvloop)
     url = f"http://127.0.0.1:{port}"
-    prompts = system_prompts(args.tenants, 1000, 4000, args.seed)
+    prompts = system_prompts(args.tenants, *args.system_words, args.seed)
     rows = []
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -157,6 +157,7 @@ async def main(args) -> dict:
         for e in engines:
             await e.stop()
     doc = {"engines": args.engines, "concurrency": args.concurrency, "uvloop": args.uvloop,
+           "system_words": args.system_words,
            "loadavg": os.getloadavg(), "idle_cpu_share": idle_rate, "rows": rows}
     if profile and os.path.exists(profile):
         doc["profile"] = profile
@@ -166,7 +167,8 @@ async def main(args) -> dict:
 def table(doc: dict) -> str:
     load = " ".join(f"{x:.2f}" for x in doc["loadavg"])
     lines = [f"dispatcher CPU per request (CPU seconds, shared machine; load average {load}), kind vllm, "
-             f"{doc['engines']} fake engines, concurrency {doc['concurrency']}, uvloop {doc['uvloop']}, "
+             f"{doc['engines']} fake engines, system prompts {doc['system_words'][0]}-{doc['system_words'][1]} words, "
+             f"concurrency {doc['concurrency']}, uvloop {doc['uvloop']}, "
              f"idle {doc['idle_cpu_share']:.1%} of a core",
              f"{'phase':>8} {'requests':>8} {'errors':>6} {'CPU ms/req':>10} {'core':>5} {'ttfb p50':>9} {'ttfb p99':>9}"]
     for r in doc["rows"]:
@@ -183,6 +185,9 @@ if __name__ == "__main__":
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--events", type=int, default=8, help="SSE chunks per streamed answer")
     parser.add_argument("--tenants", type=int, default=16)
+    parser.add_argument("--system-words", type=lambda t: tuple(int(x) for x in t.split(",")), default=(1000, 4000),
+                        help="LOW,HIGH: system prompt words, log-uniform (default 1000,4000; 8,16: a bare proxy's "
+                             "short requests)")
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU measured first")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="cProfile the dispatcher; print its top 25")

@@ -272,7 +272,8 @@ class FrontDoor:
         call = ApiCall(path, doc, body, req, key, self._deadlines, salt, forwarded)
         try:
             now = time.time()
-            counted = lambda: self._within_budget(request, tenant, now)  # noqa: E731 - asked once served
+            counted = True if self.budget is None or not self.budget.bounded else \
+                lambda: self._within_budget(request, tenant, now)  # noqa: E731 - asked once served
             served = await self.dispatcher.dispatch(Job(key, now, prompt_tokens, 0, shared, counted=counted),
                                                     lambda backend: backend.complete(call))
         except EngineError as error:
