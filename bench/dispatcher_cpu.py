@@ -170,7 +170,8 @@ def table(doc: dict) -> str:
              f"{doc['engines']} fake engines, system prompts {doc['system_words'][0]}-{doc['system_words'][1]} words, "
              f"concurrency {doc['concurrency']}, uvloop {doc['uvloop']}, "
              f"idle {doc['idle_cpu_share']:.1%} of a core",
-             f"{'phase':>8} {'requests':>8} {'errors':>6} {'CPU ms/req':>10} {'core':>5} {'ttfb p50':>9} {'ttfb p99':>9}"]
+             f"{'phase':>8} {'requests':>8} {'errors':>6} {'CPU ms/req':>10} {'core':>5} {'ttfb p50':>9} "
+             f"{'ttfb p99':>9}"]
     for r in doc["rows"]:
         lines.append(f"{'stream' if r['stream'] else 'whole':>8} {r['requests']:>8} {r['errors']:>6} "
                      f"{r['cpu_ms_per_request']:>10.3f} {r['cpu_share']:>5.0%} {r['ttfb_p50_ms']:>9.2f} "

@@ -36,7 +36,8 @@ Environment variables (flags override them):
   CACHEROUTE_WORKERS (0)                    worker processes sharing the ports (SO_REUSEPORT); 0 (default) =
                                             one per core this process may run on (os.sched_getaffinity: a
                                             container's cpuset counts, not the host's cores); 1 = no supervisor,
-                                            the dispatcher in this process; > 1 runs a supervisor (services/dispatcher/workers.py) whose
+                                            the dispatcher in this process; > 1 runs a supervisor
+                                            (services/dispatcher/workers.py) whose
                                             metrics port serves every worker's metrics, labelled worker="I"
   CACHEROUTE_UVLOOP (1)                     1: the event loop is uvloop's (less CPU per request,
                                             docs/benchmarks.md); 0: asyncio's default loop
