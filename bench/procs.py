@@ -12,8 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def spawn(module: str, *args: str) -> subprocess.Popen:
-    """`python -m module` from the repository root, metrics off, warnings only, output dropped."""
-    cmd = [sys.executable, "-m", module, "--metrics-port", "-1", "--log-level", "WARNING", *args]
+    """`python -m module` from the repository root, metrics off, warnings only, output dropped; a
+    dispatcher as one process (`--workers 1`) unless `args` name its workers."""
+    one = ["--workers", "1"] if module == "services.dispatcher" else []    # one process unless args say otherwise
+    cmd = [sys.executable, "-m", module, "--metrics-port", "-1", "--log-level", "WARNING", *one, *args]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

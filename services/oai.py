@@ -183,7 +183,7 @@ def parse_request(doc: dict, endpoint: str, *, max_output_tokens: int = 32_768) 
     max_tokens = _int_field(doc, "max_tokens", 1, max_output_tokens)
     completion = _int_field(doc, "max_completion_tokens", 1, max_output_tokens)
     _int_field(doc, "n", 1, 128)
-    if not text.split():
+    if not text or text.isspace():     # no words (not text.split(): no list of a long prompt's words)
         raise bad_request("the prompt is empty", "messages" if endpoint == CHAT else "prompt")
     return ApiRequest(endpoint, text, stream, include_usage and stream,
                       max_tokens if max_tokens is not None else completion, model, salt)

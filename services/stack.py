@@ -418,8 +418,7 @@ class Stack:
         if cfg.seed is not None:
             args += ["--seed", str(cfg.seed + i)]
         args += ["--http-port", "0" if cfg.http else "-1"]
-        if cfg.dispatcher_workers != 1:
-            args += ["--workers", str(cfg.dispatcher_workers)]
+        args += ["--workers", str(cfg.dispatcher_workers)]     # explicit: the dispatcher's own default is per core
         child = self._new_child(f"dispatcher-{i}", "dispatcher", args)
         child.expect_http = cfg.http
         return child

@@ -69,6 +69,7 @@ class HttpBackend(Backend):
         self._reader = READERS.get(kind)
         self._auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._model = ""
+        self._timeouts: dict[Deadlines, aiohttp.ClientTimeout] = {}
 
     def __repr__(self) -> str:              # never the key
         return f"HttpBackend({self.replica_id!r}, {self.base_url!r}, {self.kind!r})"
@@ -126,10 +127,15 @@ class HttpBackend(Backend):
     async def _post(self, path: str, body: bytes, d: Deadlines, authorization: str | None) -> aiohttp.ClientResponse:
         """The engine's response with its headers; EngineError (module header) if none came."""
         await self.open()
-        timeout = aiohttp.ClientTimeout(total=None, connect=d.connect, sock_read=d.idle)
+        timeout = self._timeouts.get(d)
+        if timeout is None:                 # one per Deadlines (an API call's are fixed), not one per request
+            timeout = aiohttp.ClientTimeout(total=None, connect=d.connect, sock_read=d.idle)
+            if len(self._timeouts) < 16:    # Generate's follow its callers' deadlines: not all kept
+                self._timeouts[d] = timeout
         try:
-            return await asyncio.wait_for(self.session.post(self.base_url + path, data=body, timeout=timeout,
-                                                            headers=self._headers(authorization)), d.first_byte)
+            async with asyncio.timeout(d.first_byte):      # not wait_for: no task per request (Python 3.11)
+                return await self.session.post(self.base_url + path, data=body, timeout=timeout,
+                                               headers=self._headers(authorization))
         except aiohttp.ConnectionTimeoutError:
             raise EngineError("timeout", "connect", f"accepted no connection within {d.connect:g}s",
                               retry=True) from None

@@ -82,9 +82,17 @@ async def relay_events(upstream: aiohttp.ClientResponse, reply: Reply, strip: bo
                        deadlines: Deadlines) -> AsyncIterator[bytes]:
     """Blocks of whole SSE events of `upstream`, usage recorded on `reply` (module header)."""
     tail, waiting = b"", deadlines.first_byte
+    content = upstream.content
     try:
-        while data := await asyncio.wait_for(upstream.content.readany(), waiting):
-            waiting = None          # after the first event: the session's idle timeout (sock_read)
+        while True:
+            if waiting is None:     # after the first event: the session's idle timeout (sock_read)
+                data = await content.readany()
+            else:                   # not wait_for: no task per read (Python 3.11)
+                async with asyncio.timeout(waiting):
+                    data = await content.readany()
+            if not data:
+                break
+            waiting = None
             data = tail + data if tail else data
             cut = last_event_end(data)
             if cut < 0:

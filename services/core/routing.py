@@ -45,8 +45,19 @@ def tokenize(text: str, limit: int | None = None) -> list[int]:
     return [token_id(w) for w in words]
 
 
+# ASCII whitespace as str.split() sees it (\t \n \v \f \r, \x1c-\x1f, space) -> b" ", the rest -> b"w"
+_WORD_BYTES = bytes(32 if chr(c).isspace() else 119 for c in range(128)) + b"w" * 128
+
+
 def count_tokens(text: str) -> int:
-    return len(text.split())
+    """`len(text.split())`, the whitespace-token count, without building a list of words.
+
+    An ASCII text is mapped to b" "/b"w" bytes (one C pass) and its word starts counted;
+    other text is split. Several times faster on long prompts (issue 22: counted per request)."""
+    if len(text) < 256 or not text.isascii():
+        return len(text.split())
+    marks = text.encode("ascii").translate(_WORD_BYTES)
+    return marks.count(b" w") + (marks[:1] == b"w")
 
 
 def block_hash(parent: int | None, tokens: Sequence[int]) -> int:

@@ -33,9 +33,14 @@ Environment variables (flags override them):
                                             With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
                                             Route, RouteBatch and Generate require one of them; GetStatus stays open.
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
-  CACHEROUTE_WORKERS (1)                    worker processes sharing the ports (SO_REUSEPORT), 0 = one per
-                                            core; > 1 runs a supervisor (services/dispatcher/workers.py) whose
+  CACHEROUTE_WORKERS (0)                    worker processes sharing the ports (SO_REUSEPORT); 0 (default) =
+                                            one per core this process may run on (os.sched_getaffinity: a
+                                            container's cpuset counts, not the host's cores); 1 = no supervisor,
+                                            the dispatcher in this process; > 1 runs a supervisor
+                                            (services/dispatcher/workers.py) whose
                                             metrics port serves every worker's metrics, labelled worker="I"
+  CACHEROUTE_UVLOOP (1)                     1: the event loop is uvloop's (less CPU per request,
+                                            docs/benchmarks.md); 0: asyncio's default loop
   CACHEROUTE_ENGINE_KIND (cacheroute)       kind of replicas given without KIND+ (services/backends):
                                             cacheroute (gRPC engine), vllm, sglang, llamacpp, openai;
                                             per replica: id=KIND+URL (e.g. e1=vllm+http://10.0.0.5:8000)
@@ -78,6 +83,7 @@ from services.dispatcher.servicer import KeyRules
 from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
 from services.httpserver import HttpTimeouts
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
+from services.rpc.loops import use_uvloop
 from services.rpc import add_server_flags, env, env_number, run_service, server_config, setup_logging
 
 
@@ -170,8 +176,12 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
                    help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
     g.add_argument("--engine-kind", default=env("ENGINE_KIND", "cacheroute"), choices=KINDS,
                    help="kind of replicas given without KIND+ (env CACHEROUTE_ENGINE_KIND, default cacheroute)")
-    g.add_argument("--workers", type=int, default=env_number("WORKERS", "1", int),
-                   help="worker processes sharing the ports, 0 = one per core (env CACHEROUTE_WORKERS, default 1)")
+    g.add_argument("--workers", type=int, default=env_number("WORKERS", "0", int),
+                   help="worker processes sharing the ports, 0 = one per available core (env CACHEROUTE_WORKERS, "
+                        "default 0)")
+    g.add_argument("--uvloop", type=int, choices=(0, 1), default=env_number("UVLOOP", "1", int),
+                   help="1: run on uvloop (less CPU per request), 0: asyncio's default loop "
+                        "(env CACHEROUTE_UVLOOP, default 1)")
     g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)   # set by the supervisor
     add_http_flags(parser)
     parser.add_argument("--ext-proc-port", type=int, default=env_number("EXT_PROC_PORT", "-1", int),
@@ -227,7 +237,7 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
         seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
         budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring, engine_keys=keys,
-        ext_proc_port=args.ext_proc_port)
+        ext_proc_port=args.ext_proc_port, uvloop=bool(args.uvloop))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         return supervise(WorkersConfig(workers=config.workers, host=s.host, port=s.port, http_port=config.http.port,
                                        metrics_host=s.metrics_host, metrics_port=s.metrics_port,
                                        grace_seconds=s.grace_seconds, dispatcher_id=config.dispatcher_id), args)
+    use_uvloop(config.uvloop)
     return run_service("dispatcher", lambda: config, serve)
 
 

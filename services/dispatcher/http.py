@@ -89,7 +89,7 @@ from services.backends.base import ApiCall, Backend, Deadlines, EngineError
 from services.core import routing
 from services.dispatcher.budget import http_caller
 from services.dispatcher.dispatch import Dispatcher, Job, Served, http_error
-from services.dispatcher.keys import KEY_HEADER, request_key, tenant_cache_salt
+from services.dispatcher.keys import KEY_HEADER, PromptKeys, request_key, tenant_cache_salt
 from services.dispatcher.router import Router
 from services.httpserver import HttpTimeouts, start_http
 
@@ -138,6 +138,8 @@ class FrontDoor:
         self.budget = None                          # services.dispatcher.budget.SharedBudget, set by the service
         self._requests = Counter("cacheroute_http_requests", "HTTP API requests by endpoint and status",
                                  ["endpoint", "status"], registry=registry)
+        self._counted: dict[tuple[str, int], Counter] = {}
+        self._keys = PromptKeys(config.key_tokens)   # text-derived keys, memoised by their words
 
     # ------------------------------------------------------------ app
 
@@ -166,7 +168,10 @@ class FrontDoor:
                                             code="method_not_allowed"))
         except web.HTTPException as exc:
             resp = self._error(oai.ApiError(exc.status, exc.reason or "bad request"))
-        self._requests.labels(endpoint, str(resp.status)).inc()
+        counter = self._counted.get((endpoint, resp.status))
+        if counter is None:                 # labels() once per (endpoint, status): a lock and a dict otherwise
+            counter = self._counted[endpoint, resp.status] = self._requests.labels(endpoint, str(resp.status))
+        counter.inc()
         return resp
 
     @staticmethod
@@ -252,7 +257,8 @@ class FrontDoor:
         try:
             if header_key:
                 header_key.encode("utf-8")      # aiohttp keeps undecodable bytes as surrogates
-            key = request_key(req.text, header_key, tenant=tenant, salt=req.salt, key_tokens=self.config.key_tokens)
+            key = request_key(req.text, header_key, tenant=tenant, salt=req.salt, key_tokens=self.config.key_tokens,
+                              keys=self._keys)
         except UnicodeEncodeError:
             raise oai.bad_request("routing key: not valid UTF-8", KEY_HEADER) from None
         except ValueError as exc:
@@ -266,7 +272,8 @@ class FrontDoor:
         call = ApiCall(path, doc, body, req, key, self._deadlines, salt, forwarded)
         try:
             now = time.time()
-            counted = lambda: self._within_budget(request, tenant, now)  # noqa: E731 - asked once served
+            counted = True if self.budget is None or not self.budget.bounded else \
+                lambda: self._within_budget(request, tenant, now)  # noqa: E731 - asked once served
             served = await self.dispatcher.dispatch(Job(key, now, prompt_tokens, shared, shared, counted=counted),
                                                     lambda backend: backend.complete(call))
         except EngineError as error:

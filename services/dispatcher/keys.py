@@ -19,6 +19,10 @@ Rule, in order:
    key = `<tenant>/<base>` when there is a tenant, and `<base>~<salt digest>` when there is
    a salt (8-byte BLAKE2b of the salt, in hex; the salt itself never reaches telemetry).
 
+Text-derived keys are memoised by those first tokens (`PromptKeys`): requests that share a
+system prompt share the words the key is derived from, so the dispatcher hashes them once
+(bounded: the memo is emptied when it holds `size` prefixes). Same key either way.
+
 Prompt tokens for telemetry are the whitespace-token count of that text (the simulated
 engines' tokenizer; for real engines an estimate), prefix tokens 0 as for the gRPC
 `prompt` source.
@@ -53,11 +57,34 @@ def scoped_key(base: str, tenant: str = "", salt: str | None = None) -> str:
     return routing.check_key(key)
 
 
+class PromptKeys:
+    """`routing.key_from_prompt(text, tokens)`, memoised by the text's first `tokens` words."""
+
+    def __init__(self, tokens: int = routing.DEFAULT_KEY_TOKENS, size: int = 4096) -> None:
+        if tokens < 1:
+            raise ValueError("key tokens must be >= 1")
+        self.tokens, self.size = tokens, size
+        self._memo: dict[str, str] = {}
+
+    def __call__(self, text: str) -> str:
+        head = " ".join(text.split(maxsplit=self.tokens)[:self.tokens])   # the words the key covers
+        key = self._memo.get(head)
+        if key is None:
+            key = routing.key_from_prompt(head, self.tokens)    # same words, same key (ValueError if none)
+            if len(self._memo) >= self.size:
+                self._memo.clear()
+            self._memo[head] = key
+        return key
+
+
 def request_key(text: str, header_key: str | None, *, tenant: str = "", salt: str | None = None,
-                key_tokens: int = routing.DEFAULT_KEY_TOKENS) -> str:
-    """The routing key of an HTTP request whose canonical text is `text` (rules 1-3 above)."""
+                key_tokens: int = routing.DEFAULT_KEY_TOKENS, keys: PromptKeys | None = None) -> str:
+    """The routing key of an HTTP request whose canonical text is `text` (rules 1-3 above);
+    `keys`: a memo of text-derived keys for `key_tokens` (the dispatcher's)."""
     if header_key:
         base = header_key
+    elif keys is not None and keys.tokens == key_tokens:
+        base = keys(text)
     else:
         base = routing.key_from_prompt(text, key_tokens)
     return scoped_key(base, tenant, salt)

@@ -56,6 +56,7 @@ class DispatcherConfig:
     workers: int = 1                   # > 1: the process supervises that many workers (services/dispatcher/workers.py)
     worker_index: int | None = None    # set in a worker the supervisor started
     ext_proc_port: int = -1            # Envoy ext_proc endpoint picker (services/dispatcher/extproc.py): -1 off, 0 ephemeral
+    uvloop: bool = True                # the process's event loop is uvloop's (services.rpc.loops.use_uvloop)
 
 
 class RouterMetrics:

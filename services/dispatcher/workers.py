@@ -27,8 +27,10 @@ This module is the supervisor, the parent of the workers. It serves nothing itse
 - crashes: a worker that exits while serving is restarted after a backoff (0.5 s doubling
   to 5 s); one that fails before its first SERVING fails the start (exit 1).
 
-`--workers 0` means one worker per core (`os.cpu_count()`); 1 (the default) runs the
-dispatcher in this process with no supervisor at all.
+`--workers 0` (the default) means one worker per core this process may run on
+(`os.sched_getaffinity`: a container's cpuset or a taskset, not the whole host); on one core
+that is 1, which runs the dispatcher in this process with no supervisor at all, as an explicit
+`--workers 1` does anywhere.
 """
 
 from __future__ import annotations
@@ -59,11 +61,20 @@ log = logging.getLogger("cacheroute.dispatcher.workers")
 READY_FD_ENV = "CACHEROUTE_WORKER_READY_FD"
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's cpuset, taskset), not
+    every core of the host that os.cpu_count() reports."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:              # no sched_getaffinity on this platform
+        return os.cpu_count() or 1
+
+
 def resolve_workers(n: int) -> int:
-    """`--workers` as a process count: 0 is one per core."""
+    """`--workers` as a process count: 0 (the default) is one per available core."""
     if n < 0:
         raise ValueError(f"--workers must be >= 0 (0 = one per core), got {n}")
-    return n or (os.cpu_count() or 1)
+    return n or available_cores()
 
 
 @dataclass(frozen=True)

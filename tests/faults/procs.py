@@ -52,7 +52,9 @@ class ServiceProc:
         self.address = ""
         self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
-        http = ["--http-port", "0"] if self.kind == "dispatcher" else []   # its OpenAI HTTP API: ephemeral too
+        # a dispatcher: its OpenAI HTTP API ephemeral too, and one process unless the test asks for
+        # workers (the dispatcher's own default is one worker per core)
+        http = ["--http-port", "0", "--workers", "1"] if self.kind == "dispatcher" else []
         # `setpriv --pdeathsig` (services.stack), not a preexec_fn: Python code run in the forked
         # child meets grpc's fork handlers, and a child aborted with "epoll_wait error: Bad file
         # descriptor" once this process had grpc channels open

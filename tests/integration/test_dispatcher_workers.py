@@ -133,3 +133,23 @@ def test_bad_workers_value_is_a_one_line_error():
     out = subprocess.run([sys.executable, "-m", "services.dispatcher", "--replicas", "a=127.0.0.1:1"],
                          capture_output=True, text=True, timeout=30, env={**os.environ, "CACHEROUTE_WORKERS": "two"})
     assert out.returncode == 2 and "CACHEROUTE_WORKERS='two' is not a valid int" in out.stderr
+
+
+_DEFAULT_WORKERS = """
+import os, sys
+if sys.argv[1] == "one":
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+from services.dispatcher.__main__ import parse_args
+print(parse_args(["--replicas", "a=127.0.0.1:1"]).workers, parse_args(["--replicas", "a=127.0.0.1:1",
+      "--workers", "0"]).workers, parse_args(["--replicas", "a=127.0.0.1:1", "--workers", "1"]).workers)
+"""
+
+
+@pytest.mark.parametrize("cores", ["all", "one"])
+def test_workers_default_to_the_cores_the_process_may_run_on(cores):
+    env = {k: v for k, v in os.environ.items() if k != "CACHEROUTE_WORKERS"}
+    out = subprocess.run([sys.executable, "-c", _DEFAULT_WORKERS, cores], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    available = len(os.sched_getaffinity(0)) if cores == "all" else 1
+    assert out.stdout.split() == [str(available), str(available), "1"]

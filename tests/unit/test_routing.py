@@ -99,3 +99,75 @@ def test_invalid_inputs_raise_value_error(call):
 def test_valid_keys_pass():
     assert check_key("k" * 256) == "k" * 256
     assert check_key("é" * 128) == "é" * 128
+
+
+# ------------------------------------------------------------ the request path's cheap forms (issue 22)
+
+_ASCII_MIX = st.sampled_from(list("ab9 \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x00,"))
+
+
+@given(st.text(alphabet=_ASCII_MIX, min_size=200, max_size=1500)
+       | st.text(alphabet=_ASCII_MIX | st.sampled_from(["\u00e9", "\u00a0", "\u3000", "\x85"]), max_size=600))
+def test_count_tokens_is_the_whitespace_split_count(text):
+    assert routing.count_tokens(text) == len(text.split())
+
+
+@pytest.mark.parametrize("text", ["word " * 300, " word" * 300, "\x1cx" * 300, "x\x1f" * 300, "\t\n" * 200 + "y",
+                                  "a" * 1000, " " * 1000, "\r\n".join(["line of words"] * 100)])
+def test_count_tokens_on_long_ascii_edges(text):
+    assert routing.count_tokens(text) == len(text.split())
+
+
+_LONG = "system: " + " ".join(f"w{i}" for i in range(3000)) + "\nuser: hi"
+# (text, key of the first 64 tokens, key of the first 16), pinned from the derivation before the
+# request path was tuned: a dispatcher must keep giving every prompt the key it always had
+_GOLDEN_KEYS = [
+    ("hello", "1d323f25ce5f0070", "1d323f25ce5f0070"),
+    ("a b c", "a0d28423dbc3a78d", "a0d28423dbc3a78d"),
+    (_LONG, "0005cd707255cda1", "bcab980c21281a70"),
+    ("  leading\tand\ttabs\n\nand\x1cfile sep " * 20, "0fede7d5c38aaee0", "d10443b6e3483b32"),
+    ("unicode\u00a0nbsp \u3000ideographic caf\u00e9 " * 30, "bc8885b25677d5b1", "d4fdcaab5eb395c7"),
+    (" ".join(str(i) for i in range(63)), "41f9a424a9fff118", "81cafbe5126c0d81"),
+    (" ".join(str(i) for i in range(64)), "ec8b7cbd2ecd0594", "81cafbe5126c0d81"),
+    (" ".join(str(i) for i in range(65)), "ec8b7cbd2ecd0594", "81cafbe5126c0d81"),
+]
+
+
+@pytest.mark.parametrize("text,key64,key16", _GOLDEN_KEYS)
+def test_key_derivation_gives_the_keys_it_always_gave(text, key64, key16):
+    assert routing.key_from_prompt(text) == key64
+    assert routing.key_from_prompt(text, 16) == key16
+
+
+def test_http_request_key_is_unchanged_with_tenant_and_salt():
+    from services.dispatcher.keys import request_key
+
+    assert request_key(_LONG, None, tenant="t1", salt="s") == "t1/0005cd707255cda1~e64984c3aacf6ede"
+
+
+@pytest.mark.parametrize("tokens", [64, 16, 1])
+def test_memoised_prompt_keys_are_the_derived_keys(tokens):
+    from services.dispatcher.keys import PromptKeys
+
+    keys = PromptKeys(tokens, size=3)           # small: the memo is emptied and refilled on the way
+    texts = [t for t, _, _ in _GOLDEN_KEYS] + ["x " * 5, "\u00a0".join(["w"] * 70), "a\x1cb c"]
+    for _ in range(2):                          # misses, then hits
+        for text in texts:
+            assert keys(text) == routing.key_from_prompt(text, tokens), text
+    assert len(keys._memo) <= 3
+    with pytest.raises(ValueError):
+        keys(" \t\n")
+
+
+@given(st.text(alphabet=_ASCII_MIX | st.sampled_from(["\u00a0", "\u3000", "\u00e9"]), min_size=1, max_size=400))
+def test_memoised_prompt_keys_agree_on_any_text(text):
+    from services.dispatcher.keys import PromptKeys
+
+    keys = PromptKeys(8)
+    try:
+        expected = routing.key_from_prompt(text, 8)
+    except ValueError:
+        with pytest.raises(ValueError):
+            keys(text)
+        return
+    assert keys(text) == expected == keys(text)
