@@ -41,19 +41,10 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import ROOT, pct, stop  # noqa: E402
+from procs import ROOT, cpu_seconds, pct, stop, wait_healthy  # noqa: E402
 
 from services.localredis import free_port  # noqa: E402
 from tests.faults.fake_engine import FakeEngine  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
 
 def system_prompts(tenants: int, low: int, high: int, seed: int) -> list[str]:
     """One system prompt per tenant, log-uniform on [low, high] words (bench/peers.py's tenants)."""
@@ -99,19 +90,6 @@ async def closed_loop(session, url: str, bodies: list[bytes], concurrency: int) 
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return ttfb, errors
-
-
-async def wait_healthy(session: aiohttp.ClientSession, url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as resp:
-                if resp.status == 200:
-                    return
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            pass
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} not healthy after {timeout:g}s")
 
 
 def spawn_dispatcher(replicas: str, http_port: int, profile: str | None, uvloop: bool) -> subprocess.Popen:

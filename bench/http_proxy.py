@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -45,32 +44,10 @@ from pathlib import Path
 
 import aiohttp
 
-from procs import highest_passing_rate, pct, spawn, stop
+from procs import cpu_seconds, highest_passing_rate, pct, spawn, stop, wait_healthy
 from services.localredis import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-async def wait_healthy(session: aiohttp.ClientSession, url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as resp:
-                if resp.status == 200:
-                    return
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            pass
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} not healthy after {timeout:g}s")
-
-
 def body(i: int) -> bytes:
     return json.dumps({"model": "m", "max_tokens": 4, "stream": True, "messages": [
         {"role": "system", "content": f"You are assistant number {i % 64} of the benchmark."},

@@ -3,8 +3,11 @@ service module as a child, stop it, a percentile, and the capacity search over o
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -49,3 +52,26 @@ def highest_passing_rate(passes: Callable[[float], bool], start: float, end: flo
             missed += 1
         rate *= step
     return best
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (/proc/<pid>/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def wait_healthy(session, url: str, timeout: float = 60.0) -> None:
+    """Poll `url`/health (an aiohttp session) until it answers 200; RuntimeError after `timeout`."""
+    import aiohttp
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                if resp.status == 200:
+                    return
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} not healthy after {timeout:g}s")

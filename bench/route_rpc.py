@@ -45,7 +45,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
 from services.core.plan import Plan
-from procs import highest_passing_rate, pct, spawn, stop
+from procs import cpu_seconds, highest_passing_rate, pct, spawn, stop
 from services.localredis import RedisProcess, free_port
 from services.store import RedisStore
 
@@ -160,13 +160,6 @@ async def batch_throughput(addresses: list[str], keys: list[str], batch: int, ca
         await c.close()
     return done / elapsed
 
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (/proc/<pid>/stat fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def cpu_per_call(address: str, pid: int, keys: list[str], seconds: float, callers: int = 8) -> float:
