@@ -43,6 +43,8 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import ROOT, cpu_seconds, pct, stop, wait_healthy  # noqa: E402
 
+sys.path.insert(0, str(ROOT))          # tests.faults.fake_engine (the editable install has services/ only)
+
 from services.localredis import free_port  # noqa: E402
 from tests.faults.fake_engine import FakeEngine  # noqa: E402
 
