@@ -286,16 +286,16 @@ class CacheRoutePolicy:
         cluster is nearly idle, so a single request in flight at home (or a count one poll
         stale) sends the next one elsewhere (issue 23: tenant 0 landed on engines 1, 3, 4, 1).
         Near the knee the floor is far below c x mean and the rule is CHWBL's."""
+        return self._spill(key, state, self._cold_load(state)[2])
+
+    def _cold_load(self, state: ClusterState) -> tuple[int, int, int]:
+        """(healthy replicas, their requests in flight, the cold tail's bound); NoHealthyReplica if none."""
         healthy, load = state.healthy, state.in_flight
         live = healthy.count(True)
         if not live:
             raise NoHealthyReplica("no healthy replica")
         total = sum(load) if live == len(load) else sum(compress(load, healthy))
-        bound = max(self.spill_floor, math.ceil(self._cold_c * (total + 1) / live))
-        for r in self._spill_ring.walk(key):
-            if healthy[r] and load[r] + 1 <= bound:
-                return r
-        return least_loaded(range(len(load)), state)      # unreachable for c >= 1
+        return live, total, max(self.spill_floor, math.ceil(self._cold_c * (total + 1) / live))
 
     def _cold_pick(self, request: Request, state: ClusterState) -> int:
         """The cold tail with memory: a key seen before goes back to its replica while that replica
@@ -315,16 +315,12 @@ class CacheRoutePolicy:
             return self._cold(request.key, state)
         key = request.key
         healthy, load = state.healthy, state.in_flight
-        live = healthy.count(True)
-        if not live:
-            raise NoHealthyReplica("no healthy replica")
-        total = sum(load) if live == len(load) else sum(compress(load, healthy))
-        bound = max(self.spill_floor, math.ceil(self._cold_c * (total + 1) / live))
+        live, total, bound = self._cold_load(state)
         r = self.remembered(key)
         if r is not None and healthy[r]:
             if load[r] + 1 <= bound:
                 return self._remember(key, r)
-            target = self._cold(key, state)
+            target = self._spill(key, state, bound)
             return self._remember(key, target if self._pays(r, target, request, state) else r)
         first = second = -1
         for c in self._spill_ring.walk(key):
@@ -338,7 +334,7 @@ class CacheRoutePolicy:
             return self._remember(key, first)
         pick = second if second >= 0 and load[second] < load[first] else first
         if load[pick] + 1 > bound:
-            pick = self._cold(key, state)
+            pick = self._spill(key, state, bound)
         return self._remember(key, pick)
 
     def _node_members(self, request) -> tuple[int, ...] | None:
@@ -371,7 +367,8 @@ class CacheRoutePolicy:
         return Pick(self._spill(key, state, bound), Reason.FALLBACK)
 
     def _spill(self, key: str, state: ClusterState, bound: int) -> int:
-        """First healthy ring successor of the key within the bound (members are all above it)."""
+        """First healthy replica on the key's ring within the bound (the planned members and the
+        cold tail's home are above it, or the walk starts at the home)."""
         healthy, load = state.healthy, state.in_flight
         for r in self._spill_ring.walk(key):
             if healthy[r] and load[r] + 1 <= bound:
