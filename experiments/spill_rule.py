@@ -5,6 +5,11 @@ settings), simulated time, so the machine's load does not matter. Prints one JSO
 
     .venv/bin/python -m experiments.spill_rule '{"base": {"spill_pays": false}, "pays": {}}' --seeds 0
     .venv/bin/python -m experiments.spill_rule '{"pays": {}}' --workloads flagship --grid 100,125,150,175
+    .venv/bin/python -m experiments.spill_rule '{"ring": {"memory_keys": 0, "no_plan": true}, "memory": {"no_plan": true}}' \
+        --workloads flagship --grid 150
+
+`"no_plan": true` (not a policy knob) runs the policy with every plan ignored: its cold tail alone,
+the probe behind "The plan moved what the cold tail placed" in docs/experiments.md.
 
 The engine-bound live regime has its own runner (experiments/bound_tenants.py).
 """
@@ -27,6 +32,8 @@ WORKLOADS = {
 
 def one(args) -> dict:
     name, knobs, workload, qps, seed = args
+    knobs = dict(knobs)
+    no_plan = knobs.pop("no_plan", False)
     w = WORKLOADS[workload]
     spec = RunSpec(policy="cacheroute", qps=qps, duration=150.0, warmup=60.0, workload=w["workload"],
                    workload_knobs=w["workload_knobs"], first_plan_at=5.0, q_cap=w.get("q_cap"),
@@ -36,13 +43,29 @@ def one(args) -> dict:
 
         from dataclasses import replace
         spec = replace(spec, q_cap=calibrated_q_cap(spec))
-    out = run_spec(spec)
+    out = run_spec(spec) if not no_plan else _without_plans(spec)
     m = out["misses"]
     return {"variant": name, "workload": workload, "qps": qps, "seed": seed,
             "p99": round(out["ttft_p99"], 2), "hit": round(out["hit_rate"] * 100, 2),
             "first_on_replica": round(m["first_on_replica"] * 100, 2), "evicted": round(m["evicted"] * 100, 2),
             "spilled": round(m["spilled"] * 100, 2), "imbalance": round(out["imbalance"], 3),
             "preemptions": out["preemptions"]}
+
+
+def _without_plans(spec: RunSpec) -> dict:
+    """run_spec with a cacheroute policy that ignores every plan (its cold tail alone)."""
+    import random
+
+    from services.core.policies.cacheroute import CacheRoutePolicy
+    from services.sim.runs import config_for, load_requests
+    from services.sim.simulator import Simulator
+
+    class ColdTailOnly(CacheRoutePolicy):
+        def set_plan(self, plan) -> None:
+            pass
+
+    policy = ColdTailOnly(spec.replicas, rng=random.Random(spec.seed), **spec.policy_knobs)
+    return Simulator(config_for(spec), policy, load_requests(spec)).run().as_dict()
 
 
 def main(argv: list[str] | None = None) -> int:

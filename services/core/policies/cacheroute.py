@@ -33,7 +33,8 @@ the key returns there while it is within the bound or a spill would not pay. A f
 key goes to its ring owner while the owner holds at most one request over the mean in
 flight, else to the lighter of its first two ring replicas (two choices), within the bound. Balancing first
 sight is what keeps in-flight skew, and so KV preemption, down where most keys are cold (the
-flagship: 1,102 preemptions at 150 QPS with the ring alone, 92 with this); the ring owner
+flagship without its plan: 1,001 preemptions at 150 QPS with the ring alone, 67 with this;
+experiments/spill_rule.py, "no_plan"); the ring owner
 first keeps dispatchers agreeing at low load; the planner admits a key where telemetry saw
 it served (services.core.replan.served_homes), so admission moves nothing. The memory is
 per dispatcher and soft: lost on restart, it costs at most one move per key.
