@@ -183,7 +183,8 @@ class Router:
     def routed(self) -> int:
         return self.counts[Reason.PLANNED] + self.counts[Reason.COLD] + self.counts[Reason.FALLBACK]
 
-    def drain_telemetry(self) -> list[tuple[str, float, int, int]]:
+    def drain_telemetry(self) -> list[tuple]:
+        """The buffered arrivals, (key, time, prompt, prefix, prefix chain, replica id) each; empties it."""
         buf, self.telemetry = self.telemetry, []
         return buf
 

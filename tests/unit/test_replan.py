@@ -266,9 +266,29 @@ def test_rebalancing_ignores_imbalance_within_the_rate_estimates_noise():
     import dataclasses
     active = dataclasses.replace(active, table=table)
     noisy = replan_incremental(active, keys, rates, ids, 20.0, 64, version=2, window_seconds=30.0, home_rho=0.0)
-    strict = replan_incremental(active, keys, rates, ids, 20.0, 64, version=2, window_seconds=0.0, home_rho=0.0)
-    # the mean is 5 req/s: 150 arrivals a window, 2/sqrt(150) = 16% tolerance; e0 is 30% over
-    assert noisy.extra["moves"] > 0 and strict.extra["moves"] > 0
+    # the mean is 5 req/s: 150 arrivals a window, 2/sqrt(150) = 16% tolerance; e0 is 30% over: it moves
+    assert noisy.extra["moves"] > 0
     quiet = replan_incremental(active, keys, rates, ids, 20.0, 64, version=2, window_seconds=600.0, home_rho=0.0)
     wide = replan_incremental(active, keys, rates, ids, 20.0, 64, version=2, window_seconds=3.0, home_rho=0.0)
     assert wide.extra["moves"] < quiet.extra["moves"]             # 3 s of counts: 52% noise, nothing to chase
+
+
+def test_the_planners_candidate_admits_keys_where_telemetry_saw_them_served():
+    """BuildInputs.served (the planner's read of the store's served homes) reaches the first plan:
+    without it every key starts on its ring home."""
+    import dataclasses
+
+    from services.core.replan import ring_homes
+    from services.planner.candidate import BuildInputs, build_candidate
+
+    ids = tuple(f"e{i}" for i in range(8))
+    keys = [f"tenant-{i}" for i in range(100)]
+    rates = np.full(len(keys), 0.2)
+    ring = ring_homes(len(ids))
+    served = {k: (ring(k) + 1) % 8 for k in keys}
+    inputs = BuildInputs(keys, rates, 0.0, ids, 20.0, 64)
+    at_ring = build_candidate(inputs, None, version=1, created_at=0.0, incremental=True, cold_homes=True)
+    at_served = build_candidate(dataclasses.replace(inputs, served=served), None, version=1, created_at=0.0,
+                                incremental=True, cold_homes=True)
+    assert all(at_ring.table[k] == (ring(k),) for k in keys)
+    assert all(at_served.table[k] == (served[k],) for k in keys)
