@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from clients import textload  # noqa: E402
 from clients.openloop import Outcome, Rotation, replay  # noqa: E402
-from peers_misses import Served, account, prompt_shape, time_series, worst_dip  # noqa: E402
+from peers_misses import Served, account, paired_dip, prompt_shape, time_series, worst_dip  # noqa: E402
 from peers_procs import engine_hits, scrape, served_requests, start_engines  # noqa: E402
 from peers_report import (SERIES_WORKLOADS, aggregate, capacity, fmt_ms, percentile, plot, plot_series,  # noqa: E402
                           point_failed, table)
@@ -306,12 +306,16 @@ def served_of(outcomes: Sequence[Outcome]) -> list[Served]:
 
 
 async def run_point(router_name: str, scale: Scale, workload: str, qps: float, seed: int, log_root: Path,
-                    progress: bool = True, tier: int = 1) -> dict:
+                    progress: bool = True, tier: int = 1, events_off: bool = False) -> dict:
+    """One router at one rate, from cold; `events_off` replays the same request list without the
+    workload's router restarts or kills (the paired control of --control)."""
     wl = make_workload(scale, workload, qps, seed)
     duration, warmup = scale.timing(workload)
     max_tokens = wl.requests[0].max_tokens if wl.requests else 1
     tier = 1 if router_name == "direct" else tier
     planned = event_times(scale, workload, tier) if router_name != "direct" else []   # no router to restart
+    if events_off:
+        planned = [e for e in planned if e[1] == "rotate"]
     if any(kind != "rotate" for _, kind, _ in planned) and tier < 2:
         raise ValueError(f"workload {workload} needs a tier of 2 or more router instances (--tier)")
     log_dir = Path(tempfile.mkdtemp(prefix=f"{router_name}-{workload}-{qps:g}-", dir=log_root))
@@ -428,12 +432,48 @@ def broken_point(router: str, qps: float, exc: Exception) -> dict:
             "control_cpu_per_1k": None, "client_lag_p99": math.nan, "imbalance": None}
 
 
+async def attempt(router: str, scale: Scale, workload: str, qps: float, seed: int, log_root: Path,
+                  progress: bool, tier: int, events_off: bool = False) -> dict:
+    """run_point, once more after an unexpected failure (e.g. a port taken between choosing it and
+    binding it); a second failure becomes a broken point so one point never loses the sweep."""
+    t = time.monotonic()
+    try:
+        try:
+            p = await run_point(router, scale, workload, qps, seed, log_root, progress, tier=tier, events_off=events_off)
+        except ValueError:
+            raise
+        except Exception as exc:
+            print(f"  {workload} {router} {qps:g} req/s failed ({str(exc).splitlines()[0][:160]}); "
+                  f"running it again", file=sys.stderr)
+            p = await run_point(router, scale, workload, qps, seed, log_root, progress, tier=tier, events_off=events_off)
+    except ValueError:
+        raise
+    except Exception as exc:
+        print(f"  {workload} {router} {qps:g} req/s failed: {exc}", file=sys.stderr)
+        p = broken_point(router, qps, exc)
+    p["wall_s"] = time.monotonic() - t
+    return p
+
+
+def add_control(p: dict, c: dict, scale: Scale) -> None:
+    """Attach the paired control run `c` (same request list, no router events) to the point `p`."""
+    p["control"] = {k: c.get(k) for k in ("hit_rate", "ttft_p99", "errors", "requests", "series")}
+    if p.get("series") and c.get("series"):
+        _, warmup = scale.timing(p["workload"])
+        pd = paired_dip(p["series"], c["series"], [e["t"] for e in p.get("events", ()) if e["kind"] != "rotate"],
+                        bin_s=scale.bin_s, start=warmup)
+        if pd is not None:
+            p["paired_dip"], p["paired_floor"] = pd["dip"], pd["floor"]
+
+
 async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Sequence[float], seed: int,
                 log_root: Path, progress: bool = True, past_knee: int | None = None, tier: int = 1,
-                repeats: int = 1) -> dict:
+                repeats: int = 1, control: bool = False) -> dict:
     """Every router over the grid, `repeats` times a point; with `past_knee` N, a router's sweep
     stops N points after its first point that fails the SLO (the capacity is decided there;
-    the skipped rates are listed)."""
+    the skipped rates are listed); with `control`, each (e) / (f) point is run a second time on
+    the same request list without its router events, and the bins' paired difference is the
+    events' cost (`paired_dip`, against the two runs' noise before the first event, `paired_floor`)."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     duration, warmup = scale.timing(workload)
@@ -458,22 +498,10 @@ async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Seque
                 continue
             reps = []
             for r in range(repeats):
-                t = time.monotonic()
-                try:
-                    try:
-                        p = await run_point(router, scale, workload, qps, seed + r, log_root, progress, tier=tier)
-                    except ValueError:
-                        raise
-                    except Exception as exc:   # e.g. a port taken between choosing it and binding it: once more
-                        print(f"  {workload} {router} {qps:g} req/s failed ({str(exc).splitlines()[0][:160]}); "
-                              f"running it again", file=sys.stderr)
-                        p = await run_point(router, scale, workload, qps, seed + r, log_root, progress, tier=tier)
-                except ValueError:
-                    raise
-                except Exception as exc:   # one broken point must not lose the rest of the sweep
-                    print(f"  {workload} {router} {qps:g} req/s failed: {exc}", file=sys.stderr)
-                    p = broken_point(router, qps, exc)
-                p["wall_s"] = time.monotonic() - t
+                p = await attempt(router, scale, workload, qps, seed + r, log_root, progress, tier)
+                if control and router != "direct" and any(k != "rotate" for _, k, _ in event_times(scale, workload, tier)):
+                    add_control(p, await attempt(router, scale, workload, qps, seed + r, log_root, progress, tier,
+                                                 events_off=True), scale)
                 reps.append(p)
                 if progress:
                     print(f"  {workload} {router} x{tier} {qps:g} req/s (repeat {r + 1}/{repeats}): "
@@ -554,6 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--past-knee", type=int, default=1, metavar="N",
                         help="stop a router's sweep N points after its first SLO failure (-1: run every point)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--control", action="store_true",
+                        help="(e), (f): also run each point without its restarts / kill on the same request list, "
+                             "and report the paired dip")
     args = parser.parse_args(argv)
     if args.from_json:
         write_outputs(json.loads(Path(args.from_json).read_text()), args)
@@ -588,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     result = asyncio.run(sweep(scale, workload, routers, grid, args.seed, log_root, progress=not args.quiet,
                                past_knee=None if args.past_knee < 0 else args.past_knee, tier=tier,
-                               repeats=args.repeats))
+                               repeats=args.repeats, control=args.control))
     if args.merge and args.out and Path(args.out).is_file():
         result = merge(json.loads(Path(args.out).read_text()), result)
     write_outputs(result, args)

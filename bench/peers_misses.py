@@ -191,3 +191,22 @@ def worst_dip(series: Sequence[dict], events: Iterable[float], *, before: int = 
         dip = max(0.0, sum(ref) / len(ref) - min(near))
         worst = dip if worst is None else max(worst, dip)
     return worst
+
+
+def paired_dip(series: Sequence[dict], control: Sequence[dict], events: Iterable[float], *, after: int = 3,
+               bin_s: float = 10.0, start: float = 0.0) -> dict | None:
+    """The events' cost against a control run of the same request list without them: the largest
+    drop (a fraction) of a bin's hit rate below the control's same bin within the `after` bins
+    from an event, and the noise floor the comparison has, the largest |difference| of any bin
+    from `start` to the first event (two runs of one request list differ by routing timing only).
+    None without events or data."""
+    times = sorted(events)
+    if not times:
+        return None
+    diff = [(b["t"], c["hit"] - b["hit"]) for b, c in zip(series, control)
+            if b["hit"] is not None and c["hit"] is not None]
+    near = [d for t, d in diff if any(e <= t + bin_s and t < e + after * bin_s for e in times)]
+    quiet = [abs(d) for t, d in diff if start <= t and t + bin_s <= times[0]]
+    if not near:
+        return None
+    return {"dip": max(0.0, max(near)), "floor": max(quiet) if quiet else None}

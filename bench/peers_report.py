@@ -57,12 +57,13 @@ def aggregate(reps: Sequence[dict]) -> dict:
                           "hit": _median([r["series"][i]["hit"] for r in reps]),
                           "requests": sum(r["series"][i]["requests"] for r in reps),
                           "errors": sum(r["series"][i]["errors"] for r in reps)} for i in range(n)]
-    dips = [r.get("worst_dip") for r in reps if r.get("worst_dip") is not None]
-    if dips:
-        out["worst_dip"] = max(dips)
+    for f in ("worst_dip", "paired_dip", "paired_floor"):
+        vals = [r.get(f) for r in reps if r.get(f) is not None]
+        if vals:
+            out[f] = max(vals)
     out["spread"] = spread
     out["repeats"] = len(reps)
-    out["runs"] = [{k: v for k, v in r.items() if k not in ("series", "notes")} for r in reps]
+    out["runs"] = [{k: v for k, v in r.items() if k not in ("series", "notes", "control")} for r in reps]
     return out
 
 
@@ -163,6 +164,16 @@ def table(result: dict) -> str:
         lines.append("")
         lines.append("Worst hit-rate dip in the 3 series bins from an event (points, against the 3 bins before it):")
         lines.extend(f"- {r} at {q:g} req/s: {d * 100:.1f}" for r, q, d in dips)
+    paired = [(r, p["qps"], p["paired_dip"], p.get("paired_floor"), p["control"]) for r, pts in result["points"].items()
+              for p in pts if p.get("paired_dip") is not None]
+    if paired:
+        lines.append("")
+        lines.append("Against a control run of the same request list without the events (--control): worst dip "
+                     "of a bin below the control's same bin in the 3 bins from an event, and the noise floor "
+                     "(largest |difference| of a bin before the first event), points:")
+        lines.extend(f"- {r} at {q:g} req/s: dip {d * 100:.1f}, floor {'-' if f is None else f'{f * 100:.1f}'} "
+                     f"(control: hit {_pct(c.get('hit_rate'))}, p99 {fmt_ms(c.get('ttft_p99'))})"
+                     for r, q, d, f, c in paired)
     return "\n".join(lines)
 
 

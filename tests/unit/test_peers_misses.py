@@ -77,3 +77,17 @@ def test_series_bins_and_dips(pm):
     assert pm.worst_dip(series, []) is None
     with pytest.raises(ValueError):
         pm.time_series(served, 0.0)
+
+
+def test_paired_dip_is_the_drop_below_the_control_after_an_event(pm):
+    def bins(hits):
+        return [{"t": 10.0 * i, "hit": h, "requests": 1, "errors": 0} for i, h in enumerate(hits)]
+    control = bins([0.8, 0.9, 0.7, 0.9, 0.9, 0.8])
+    run = bins([0.8, 0.88, 0.7, 0.75, 0.85, 0.8])     # the event at 30 s costs 15 points in its bin
+    got = pm.paired_dip(run, control, [30.0], start=10.0)
+    assert got["dip"] == pytest.approx(0.15) and got["floor"] == pytest.approx(0.02)
+    # the mix's own ups and downs (bin 2's 0.7 in both) are not a dip: only the difference counts
+    assert pm.paired_dip(control, control, [20.0])["dip"] == 0.0
+    assert pm.paired_dip(run, control, []) is None
+    # bins before the event and more than `after` bins after it are outside the dip's reach
+    assert pm.paired_dip(run, control, [0.0], after=1)["dip"] == pytest.approx(0.0)
