@@ -40,6 +40,7 @@ import ctypes
 import ctypes.util
 import logging
 import random
+import time
 
 import grpc
 
@@ -151,8 +152,9 @@ class PlanFeed:
         elif update.active_version == self.router.plan_version and self.router.plan is not None:
             await self._install(self.router.plan, flat, "watch", update.event)
         else:
+            start = time.perf_counter()
             prepared = await asyncio.to_thread(self._decode, parts)
-            self._apply(prepared, flat, "watch", update.event)
+            self._apply(prepared, flat, "watch", update.event, decode_s=time.perf_counter() - start)
 
     async def _trim(self) -> None:
         plan = self.router.plan
@@ -193,7 +195,7 @@ class PlanFeed:
             del prepared, plan
             await self._trim()
 
-    def _apply(self, prepared: Prepared | None, flat: bool, source: str, event: str) -> None:
+    def _apply(self, prepared: Prepared | None, flat: bool, source: str, event: str, decode_s: float = 0.0) -> None:
         """On the loop, constant time: the prepared plan (None: the installed one) and the mode."""
         before = (self.router.plan_version, self.router.flat)
         if prepared is None:
@@ -205,7 +207,8 @@ class PlanFeed:
         self._first.set()
         if before != (self.router.plan_version, flat):
             log.info("plan installed", extra=kv(version=self.router.plan_version, flat=flat, source=source,
-                                                event=event, keys=len(plan.table) if plan else 0))
+                                                event=event, keys=len(plan.table) if plan else 0,
+                                                decode_s=round(decode_s, 3)))
 
 
 class EngineFeed:

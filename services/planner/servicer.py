@@ -6,9 +6,11 @@ import asyncio
 import collections
 import dataclasses
 import itertools
+import logging
 import math
+import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import grpc
 
@@ -25,6 +27,7 @@ from services.planner.candidate import BuildInputs, propose
 from services.planner.control import ControlLoop
 from services.planner.gate import Gate
 from services.planner.watch import WatchHub
+from services.rpc import kv
 from services.store import Pinned, StaleVersion, Store, summary_of
 
 if TYPE_CHECKING:
@@ -36,6 +39,7 @@ MAX_EXPLICIT_KEYS = 4_000_000   # explicit rates one BuildPlanStream may carry (
 MAX_REASON_BYTES = 512      # operator reasons (SetMode, ActivatePlan, Rollback): stored, shown by GetStatus
 _MODE_TO_PB = {Mode.PLANNED: common_pb2.MODE_PLANNED, Mode.FLAT: common_pb2.MODE_FLAT}
 _MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()}
+log = logging.getLogger("cacheroute.planner")
 
 
 class AlreadyExists(ServiceError):
@@ -110,12 +114,35 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         self._plans: OrderedDict[int, Plan] = OrderedDict()   # small cache of decoded plans
         self._chunks: OrderedDict[tuple[int, int, bool], list] = OrderedDict()   # (version, budget, columnar)
         self._columns: OrderedDict[int, codec.Columns | None] = OrderedDict()   # version -> its table in columns
+        self._inflight: dict[tuple, asyncio.Future] = {}    # what is being read or cut now, by what it is
+
+    async def _once(self, key: tuple, make: Callable[[], Awaitable[object]]) -> object:
+        """`make()`, run by one caller per `key` at a time: every dispatcher worker watching
+        gets a new version at once, and each reading and decoding the plan for itself was
+        one decode per watcher, in series on this loop (at a million keys several seconds
+        each). The others await the same result; a caller cancelled leaves it running."""
+        task = self._inflight.get(key)
+        if task is None:
+            task = self._inflight[key] = asyncio.ensure_future(make())
+            task.add_done_callback(lambda t: self._settled(key, t))
+        return await asyncio.shield(task)
+
+    def _settled(self, key: tuple, task: asyncio.Future) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
+        if not task.cancelled():
+            task.exception()      # retrieved here, raised to every caller still waiting
 
     async def _plan(self, version: int) -> Plan:
-        if version not in self._plans:
-            self._remember(await self.store.get_plan(version))
-        self._plans.move_to_end(version)
-        return self._plans[version]
+        if version in self._plans:
+            self._plans.move_to_end(version)
+            return self._plans[version]
+
+        async def read() -> Plan:
+            plan = await self.store.get_plan(version)
+            self._remember(plan)
+            return plan
+        return await self._once(("plan", version), read)
 
     def _remember(self, plan: Plan) -> None:
         self._plans[plan.version] = plan
@@ -132,27 +159,42 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         """A version's table in columns, computed once (in a thread) for every page and watcher;
         None for a plan the column widths cannot hold (a key on more than 255 replicas, more
         than 65,535 replicas): it is sent one entry per key, which every reader decodes too."""
-        if version not in self._columns:
+        if version in self._columns:
+            self._columns.move_to_end(version)
+            return self._columns[version]
+
+        async def cut() -> codec.Columns | None:
             try:
-                self._columns[version] = await asyncio.to_thread(codec.table_columns, plan)
+                cols = await asyncio.to_thread(codec.table_columns, plan)
             except ValueError:
-                self._columns[version] = None
+                cols = None
+            self._columns[version] = cols
             while len(self._columns) > 2:
                 self._columns.popitem(last=False)
-        self._columns.move_to_end(version)
-        return self._columns[version]
+            return cols
+        return await self._once(("columns", version), cut)
 
     async def _plan_chunks(self, version: int, budget: int, columnar: bool = False) -> list:
         """The active plan's messages for WatchPlans (one when it fits), cut once per version:
         every dispatcher watching gets the same ones."""
         key = (version, budget, columnar)
-        if key not in self._chunks:
+        if key in self._chunks:
+            return self._chunks[key]
+
+        async def cut() -> list:
+            t0 = time.perf_counter()
             plan = await self._plan(version)
+            t1 = time.perf_counter()
             cols = await self._plan_columns(version, plan) if columnar else None
-            self._chunks[key] = await asyncio.to_thread(planwire.plan_chunks, plan, budget, cols)
+            t2 = time.perf_counter()
+            chunks = self._chunks[key] = await asyncio.to_thread(planwire.plan_chunks, plan, budget, cols)
             while len(self._chunks) > 2:
                 self._chunks.popitem(last=False)
-        return self._chunks[key]
+            log.info("plan cut for watchers", extra=kv(version=version, keys=len(plan.table), chunks=len(chunks),
+                     columnar=columnar, read_s=round(t1 - t0, 3), columns_s=round(t2 - t1, 3),
+                     cut_s=round(time.perf_counter() - t2, 3)))
+            return chunks
+        return await self._once(("chunks",) + key, cut)
 
     async def _active_version(self) -> int:
         active = (await self.store.get_control()).active_version

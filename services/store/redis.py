@@ -421,6 +421,7 @@ class RedisStore(Store):
     # ---- plans
 
     DECODED_PLANS = 2    # decoded plans kept: the active one and the newest (a million keys: ~0.3 GB each)
+    INLINE_DECODE_BYTES = 1 << 20    # plans stored in fewer bytes are decoded on the event loop
 
     def _observe_versions(self, counter: int) -> None:
         if counter < self._seen_version:
@@ -475,7 +476,9 @@ class RedisStore(Store):
             blob, summary = await pipe.execute()
         if blob is None:
             raise NotFound(f"plan version {version} not found")
-        plan = decode_plan(blob)
+        # a large plan decodes in a thread: on the loop, a million keys held it for seconds,
+        # long enough for every other command in flight to reach its socket timeout
+        plan = decode_plan(blob) if len(blob) < self.INLINE_DECODE_BYTES else await asyncio.to_thread(decode_plan, blob)
         if summary is not None:
             self._keep_decoded(version, summary, len(blob), plan)
         return plan
