@@ -35,6 +35,8 @@ SETS = {
     "flagship-full": ("flagship-full", NINE, "200,225,250,275,300", 200.0),
     "flagship-full-history": ("flagship-full-history", "cacheroute", "200,225,250,275,300", 200.0),
     "flagship-k256": ("flagship-k256", "chwbl,sglang,llmd,preble,dualmap,cacheroute", "150,200,250,275,300", 200.0),
+    "flagship-hold": ("flagship", "cacheroute", "100,125,150,175", 100.0),
+    "flagship-k256-hold": ("flagship-k256", "cacheroute", "150,200,250,275,300", 200.0),
     "second-k256-w8": ("second-k256-w8", "cacheroute", "150,200,250,275,300", 200.0),
     "ablation": ("ablation", "flat,cacheroute", "240,300,360,420,500", 240.0),
     "ablation-affinity": ("ablation", "affinity,affinity-replication", "60,120,180", 60.0),
@@ -43,6 +45,12 @@ SETS = {
     "burst-mmpp": ("burst-mmpp", "flat,sglang,cacheroute", "20,50,75,100,125,150,175,200,225,250,275,300", 100.0),
     # the replayed Azure arrivals are the same for every seed; keys, lengths and policy draws change
     "burst-azure": ("burst-azure", "flat,sglang,cacheroute", "20,50,75,100,125,150,175,200,225,250,275,300", 100.0),
+}
+# extra arguments of a set's command (policy knobs: the set runs a variant of the stored experiment)
+EXTRA = {
+    # the hold rule (docs/experiments.md, "Hold at the dispatcher"): CacheRoute only, beside flagship-strong's baselines
+    "flagship-hold": ["--policy-knob", "hold=true"],
+    "flagship-k256-hold": ["--policy-knob", "hold=true"],
 }
 SEEDS = (0, 1, 2)
 
@@ -59,7 +67,7 @@ def command(name: str, seed: int) -> list[str]:
     q_cap = _seed0_q_cap(base)          # calibrated once, on the stored seed 0; every seed uses it
     if q_cap is not None and "--q-cap" not in argv:
         argv += ["--q-cap", f"{q_cap:g}"]
-    return [*argv, "--seed", str(seed), "--out", os.path.relpath(out_dir(name, seed))]
+    return [*argv, *EXTRA.get(name, []), "--seed", str(seed), "--out", os.path.relpath(out_dir(name, seed))]
 
 
 def run(names: list[str]) -> int:

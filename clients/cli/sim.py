@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import sys
@@ -82,6 +83,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     for flag, _, kind in WORKLOAD_FLAGS:
         p.add_argument(flag, type=kind, help="workload knob")
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="other workload knob")
+    p.add_argument("--policy-knob", action="append", default=[], metavar="NAME=JSON",
+                   help="a knob of the planned (cacheroute) policies, e.g. hold=true")
 
 
 def _grid(p: argparse.ArgumentParser) -> None:
@@ -99,13 +102,24 @@ def _spec(args: argparse.Namespace, policy: str, qps: float | None = None) -> Ru
         if not sep:
             raise CliError(f"--knob wants NAME=VALUE, got {item!r}")
         knobs[name.replace("-", "_")] = _number(value)
+    policy_knobs = {}
+    for item in args.policy_knob:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise CliError(f"--policy-knob wants NAME=JSON, got {item!r}")
+        try:
+            policy_knobs[name.replace("-", "_")] = json.loads(value)
+        except ValueError:
+            policy_knobs[name.replace("-", "_")] = value
+    if not policy.startswith("cacheroute"):
+        policy_knobs = {}
     duration = args.duration if args.duration is not None or args.trace else 300.0
     spec = RunSpec(policy=policy, qps=qps, replicas=args.replicas, profile=args.profile, duration=duration,
                    seed=args.seed, workload=args.workload, trace=args.trace, workload_knobs=knobs,
                    q_cap=args.q_cap, warm_slots=args.warm_slots, warmup=args.warmup,
                    control_interval=args.control_interval, first_plan_at=args.first_plan_at,
                    rate_horizon=args.rate_horizon, rate_history=args.rate_history, arrival_trace=args.arrivals,
-                   lifecycle=args.lifecycle, kv_blocks=args.kv_blocks)
+                   lifecycle=args.lifecycle, kv_blocks=args.kv_blocks, policy_knobs=policy_knobs)
     try:
         if args.arrivals is not None and (args.trace is not None or not os.path.isfile(args.arrivals)):
             raise ValueError("--arrivals wants a readable Azure .csv and a --workload")

@@ -29,6 +29,8 @@ class EngineStats:
     cached_tokens: int = 0
     has_counters: bool = False
     has_load: bool = False
+    kv_blocks: int = 0          # the KV pool in 16-token blocks (0: not reported; the hold rule needs it)
+    preemptions: int = 0
 
 
 class BackendDown(Exception):

@@ -128,7 +128,7 @@ class CacheRouteBackend(Backend):
         return EngineStats(replica_id=stats.replica_id, model=stats.profile, waiting=stats.waiting,
                            running=stats.running, kv_usage=stats.kv_usage, requests=stats.requests,
                            prompt_tokens=stats.prompt_tokens, cached_tokens=stats.cached_tokens,
-                           has_counters=True, has_load=True)
+                           has_counters=True, has_load=True, kv_blocks=stats.kv_blocks, preemptions=stats.preemptions)
 
 
 async def _rendered(first, chunks: AsyncIterator, render: oai.Renderer, include_usage: bool) -> AsyncIterator[bytes]:

@@ -21,11 +21,15 @@ from services.core.request import Request
 
 
 class Reason(enum.IntEnum):
-    """Values match cacheroute.v1.RouteReason."""
+    """Values 1-3 match cacheroute.v1.RouteReason. HOLD is no route: the chosen replica cannot
+    take the request without overcommitting its KV and no acceptable other can; a caller that
+    can wait holds the request and asks again when a replica frees KV, one that cannot (or a
+    hold past its bound) sends it to `Pick.replica` (the policy's choice) anyway."""
 
     PLANNED = 1
     COLD = 2
     FALLBACK = 3
+    HOLD = 4
 
 
 class Pick(NamedTuple):
@@ -48,6 +52,10 @@ class ClusterState:
     healthy          False: never pick this replica
     prefix_match     optional exact oracle (replica, blocks) -> cached leading blocks, the
                      way Dynamo's KV events expose engine state; None where unavailable
+    waiting          requests queued at the replica, not yet scheduled (engines report it:
+                     vllm:num_requests_waiting); empty: not known
+    kv_blocks        the replica's KV pool in blocks of 16 tokens; 0 (or empty): not known,
+                     and then no policy can tell whether a request would overcommit it
     """
 
     in_flight: list[int]
@@ -56,10 +64,13 @@ class ClusterState:
     kv_usage: list[float]
     healthy: list[bool]
     prefix_match: Callable[[int, Sequence[int]], int] | None = field(default=None)
+    waiting: list[int] = field(default_factory=list)
+    kv_blocks: list[int] = field(default_factory=list)
 
     @classmethod
     def empty(cls, replicas: int) -> "ClusterState":
-        return cls([0] * replicas, [0] * replicas, [0] * replicas, [0.0] * replicas, [True] * replicas)
+        return cls([0] * replicas, [0] * replicas, [0] * replicas, [0.0] * replicas, [True] * replicas,
+                   waiting=[0] * replicas, kv_blocks=[0] * replicas)
 
     @property
     def replicas(self) -> int:

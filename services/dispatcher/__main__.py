@@ -17,6 +17,10 @@ Environment variables (flags override them):
   CACHEROUTE_PREFIX_NODES (0)               1: the prefix-aware policy (cacheroute-prefix: routes cold keys
                                             by the plan's prefix nodes, balances on prefill tokens, sends
                                             each arrival's prefix chain to the collector; docs/architecture.md)
+  CACHEROUTE_HOLD_LIMIT (0)                 > 0: the hold rule (services/dispatcher/dispatch.py): a request may wait
+                                            this many seconds at the dispatcher while every acceptable replica's KV
+                                            is full, then goes to its pick anyway; 0 (default) = never hold
+                                            (docs/experiments.md, "Hold at the dispatcher": it did not pay there)
   CACHEROUTE_POLL_INTERVAL (0.25)           replica health/stats poll period, seconds
   CACHEROUTE_POLL_TIMEOUT (0.2)             deadline of each poll RPC, seconds
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
@@ -157,6 +161,8 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
                    help="1: prefix-aware routing (env CACHEROUTE_PREFIX_NODES, default 0)")
     g.add_argument("--cold-tail", "--cold", dest="cold", default=env("COLD_TAIL", env("COLD", DEFAULT_COLD_TAIL)),
                    choices=COLD_TAILS, help=f"cold-tail policy (env CACHEROUTE_COLD_TAIL, default {DEFAULT_COLD_TAIL})")
+    g.add_argument("--hold-limit", type=float, default=env_number("HOLD_LIMIT", "0", float),
+                   help="seconds a request may be held while KV is full, 0 = never (env CACHEROUTE_HOLD_LIMIT, default 0)")
     g.add_argument("--poll-interval", type=float, default=env_number("POLL_INTERVAL", "0.25", float))
     g.add_argument("--poll-timeout", type=float, default=env_number("POLL_TIMEOUT", "0.2", float))
     g.add_argument("--telemetry-interval", type=float, default=env_number("TELEMETRY_INTERVAL", "0.5", float))
@@ -232,7 +238,7 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         server=server, replicas=replicas, dispatcher_id=args.dispatcher_id,
         planner=args.planner, redis_url=args.redis, collector=args.collector,
         rules=KeyRules(blocks=args.key_blocks, tokens=args.key_tokens, max_batch=args.max_batch),
-        cold=args.cold, prefix_nodes=bool(args.prefix_nodes), poll_interval=args.poll_interval,
+        cold=args.cold, prefix_nodes=bool(args.prefix_nodes), hold_limit=args.hold_limit, poll_interval=args.poll_interval,
         poll_timeout=args.poll_timeout,
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
         seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,

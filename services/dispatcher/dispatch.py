@@ -5,7 +5,14 @@ ejection -> accounting. The OpenAI HTTP API (services.dispatcher.http) and gRPC 
 
 The rule, per request:
   1. `Router.route(report=False)` picks a replica (the gRPC Route decision, no telemetry yet);
-     no healthy replica is the error "no_replica".
+     no healthy replica is the error "no_replica". A HOLD answer (the cacheroute policy's hold
+     rule: the chosen replica's KV is full and no acceptable other has room) makes the request
+     wait here, not on an engine that would preempt for it: it awaits the next moment a replica
+     may have freed KV (a stats poll arrived or a stream closed: `Router.changed`) and is routed
+     again, until it is routed or `hold_limit` seconds passed (then it goes to its pick anyway,
+     so nothing waits forever; 0: never hold). The client's deadline or disconnect cancels the
+     wait like any other await; a held request holds no replica's count. Metrics:
+     `cacheroute_held_total`, `cacheroute_hold_seconds` (histogram), `cacheroute_held` (now).
   2. The backend is called (services.backends: `complete` for an API request, `generate`
      for Generate, whose first chunk is awaited here). The replica's open-request count and
      its prefill estimate (the prefix-aware policy's token balance) cover the call.
@@ -29,19 +36,22 @@ OpenAI error type and code, and gRPC status.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services import oai
 from services.backends.base import Backend, EngineError
-from services.core.policy import NoHealthyReplica, Reason
+from services.core.policy import NoHealthyReplica, Pick, Reason
 from services.dispatcher.cachestats import CacheUsage
 from services.dispatcher.router import Router
 from services.errors import InvalidArgument, PermissionDenied, ResourceExhausted, ServiceError, Unavailable
 
 REASONS = {Reason.PLANNED: "planned", Reason.COLD: "cold", Reason.FALLBACK: "fallback"}
+HOLD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.5, 5.0)
 
 # kind -> (HTTP status, OpenAI error type, OpenAI code (None: the EngineError's own), gRPC error)
 ERRORS: dict[str, tuple[int, str, str | None, type[ServiceError]]] = {
@@ -93,6 +103,7 @@ class Job:
     prefix_tokens: int = 0          # priced by the router (gRPC: the request's cacheable prefix)
     shared_tokens: int = 0          # the reusable prefix its arrival reports to the planner
     blocks: Sequence[int] = ()      # prefix block hashes (the prefix-aware policy)
+    output_tokens: int = 0          # the request's output budget (max_tokens): the hold rule's KV estimate
     # within its caller's telemetry budget (services/dispatcher/budget.py): a bool, or a coroutine
     # function asked once the engine took the request (so refused requests draw nothing)
     counted: bool | Callable[[], Awaitable[bool]] = True
@@ -123,8 +134,17 @@ async def first_chunk(chunks: AsyncIterator) -> Stream:
 
 
 class Dispatcher:
-    def __init__(self, router: Router, monitor, usage: CacheUsage, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, router: Router, monitor, usage: CacheUsage, registry: CollectorRegistry | None = None,
+                 *, hold_limit: float = 0.0) -> None:
         self.router = router
+        self.hold_limit = hold_limit
+        self._freed: asyncio.Event | None = None       # set (and dropped) when a replica may have freed KV
+        router.changed = self._changed
+        self.held = Counter("cacheroute_held", "requests held at the dispatcher (the hold rule: KV full)",
+                            registry=registry)
+        self.hold_seconds = Histogram("cacheroute_hold_seconds", "time a held request waited before it was routed",
+                                      buckets=HOLD_BUCKETS, registry=registry)
+        self.holding = Gauge("cacheroute_held_now", "requests held at the dispatcher now", registry=registry)
         self.monitor = monitor
         self.backends: list[Backend] = monitor.backends
         self.usage = usage
@@ -155,8 +175,7 @@ class Dispatcher:
         router, avoid, last = self.router, -1, None
         for attempt in range(2):
             try:
-                pick = router.route(job.key, job.now, job.prompt_tokens, job.prefix_tokens, report=False,
-                                    avoid=avoid, blocks=job.blocks)
+                pick = await self._route(job, avoid)
             except NoHealthyReplica:
                 raise last or EngineError("no_replica", "no_healthy_replica", "no healthy replica") from None
             i = pick.replica
@@ -186,6 +205,42 @@ class Dispatcher:
                     router.telemetry_capped += 1
             return Served(self, i, pick, opened)
         raise AssertionError("unreachable")
+
+    def _pick(self, job: Job, avoid: int, hold: bool) -> Pick:
+        return self.router.route(job.key, job.now, job.prompt_tokens, job.prefix_tokens, report=False, avoid=avoid,
+                                 blocks=job.blocks, hold=hold, output_tokens=job.output_tokens)
+
+    async def _route(self, job: Job, avoid: int) -> Pick:
+        """A routed pick; a HOLD answer waits for a replica to free KV (module header, step 1)."""
+        pick = self._pick(job, avoid, self.hold_limit > 0)
+        if pick.reason != Reason.HOLD:
+            return pick
+        start = time.monotonic()
+        deadline = start + self.hold_limit
+        self.held.inc()
+        self.holding.inc()
+        try:
+            while pick.reason == Reason.HOLD:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return self._pick(job, avoid, False)        # held long enough: to its pick anyway
+                if self._freed is None:
+                    self._freed = asyncio.Event()
+                try:
+                    await asyncio.wait_for(self._freed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+                pick = self._pick(job, avoid, True)
+            return pick
+        finally:
+            self.holding.dec()
+            self.hold_seconds.observe(time.monotonic() - start)
+
+    def _changed(self) -> None:
+        """A replica may have freed KV: wake every held request (they route again in the order they waited)."""
+        freed, self._freed = self._freed, None
+        if freed is not None:
+            freed.set()
 
     def _closed(self, i: int, job: Job) -> None:
         self.router.prefill_done(i, job.prompt_tokens)

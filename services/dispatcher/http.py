@@ -274,8 +274,8 @@ class FrontDoor:
             now = time.time()
             counted = True if self.budget is None or not self.budget.bounded else \
                 lambda: self._within_budget(request, tenant, now)  # noqa: E731 - asked once served
-            served = await self.dispatcher.dispatch(Job(key, now, prompt_tokens, shared, shared, counted=counted),
-                                                    lambda backend: backend.complete(call))
+            job = Job(key, now, prompt_tokens, shared, shared, output_tokens=req.max_tokens or 0, counted=counted)
+            served = await self.dispatcher.dispatch(job, lambda backend: backend.complete(call))
         except EngineError as error:
             raise http_error(error) from None
         try:

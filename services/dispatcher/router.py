@@ -26,6 +26,15 @@ one, never a mix. The policies share one random generator, so a seeded run draws
 sequence across plan changes. `set_plan` does both at once (tests, benches, Redis reads of
 small plans); a mode change with the same plan swaps nothing.
 
+Holding (Reason.HOLD, the cacheroute policy's hold rule): `route(hold=True)` returns a HOLD pick
+without accounting for it (nothing was routed; the caller, Dispatcher.dispatch, waits for
+`changed` and asks again); `route()` without `hold` sends a HOLD pick to its replica anyway, as
+FALLBACK (gRPC Route callers cannot wait here). The hold rule reads `ClusterState.kv_blocks` and
+`waiting`, which the stats poll fills (kv_blocks only from engines that report their pool size,
+the cacheroute gRPC engine's EngineStats.kv_blocks; without it nothing is held). `changed` is
+called (if set) after every stats poll and every closed stream: the moments a replica may have
+freed KV.
+
 Hot path: `route(key)` does one policy pick, a few list updates and one append to a
 bounded telemetry buffer; no allocation beyond the tuple it appends.
 """
@@ -52,13 +61,14 @@ class _Probe:
     frozen Request per call would cost more than the decision). `blocks`, `prompt_tokens` and
     `prefix_tokens` matter only to the prefix-aware policy (`prefix_nodes=True`)."""
 
-    __slots__ = ("key", "blocks", "prompt_tokens", "prefix_tokens")
+    __slots__ = ("key", "blocks", "prompt_tokens", "prefix_tokens", "output_tokens")
 
     def __init__(self) -> None:
         self.key = ""
         self.blocks: Sequence[int] = ()
         self.prompt_tokens = 0
         self.prefix_tokens = 0
+        self.output_tokens = 0
 
 
 class Prepared(NamedTuple):
@@ -70,13 +80,14 @@ class Prepared(NamedTuple):
 
 class Router:
     def __init__(self, replicas: Sequence[Replica], *, seed: int | None = None, cold: str = DEFAULT_COLD_TAIL,
-                 telemetry_capacity: int = 100_000, prefix_nodes: bool = False) -> None:
+                 telemetry_capacity: int = 100_000, prefix_nodes: bool = False, hold: bool = False) -> None:
         self.replicas = tuple(replicas)
         self.ids = tuple(r.id for r in self.replicas)
         self._index = {rid: i for i, rid in enumerate(self.ids)}
         n = len(self.replicas)
         # prefix_nodes: the simulator's `cacheroute-prefix` policy (prefix nodes, token balance)
         self.prefix_nodes = prefix_nodes
+        self.hold = hold                             # the policy's hold rule (callers that wait: route(hold=True))
         self._policy_rng = random.Random(seed if seed is not None else 0)   # shared by every plan's policy
         self._cold = cold
         self.policy = self._new_policy()
@@ -97,7 +108,8 @@ class Router:
         self.plan_version = 0
         self.flat = False
         self.plan_source = "none"
-        self.counts = [0, 0, 0, 0]                   # by Reason value; [0] unused
+        self.counts = [0, 0, 0, 0, 0]                # by Reason value; [0] unused, [4] HOLD answers
+        self.changed = None                          # callable: a replica may have freed KV (holds wake up)
         self.telemetry_capacity = telemetry_capacity
         self.telemetry: list[tuple[str, float, int, int]] = []
         self.telemetry_dropped = 0
@@ -108,17 +120,21 @@ class Router:
     # ------------------------------------------------------------ the decision
 
     def route(self, key: str, now: float, prompt_tokens: int = 0, prefix_tokens: int = 0, *,
-              report: bool = True, avoid: int = -1, blocks: Sequence[int] = ()) -> Pick:
+              report: bool = True, avoid: int = -1, blocks: Sequence[int] = (), hold: bool = False,
+              output_tokens: int = 0) -> Pick:
         """Pick a replica for `key` and account for it. NoHealthyReplica when none is healthy.
         `report`: buffer the arrival for telemetry now (False: the caller decides later, with
         `record_arrival`, or not at all). `avoid`: a replica not to pick (one that just
         refused this request); NoHealthyReplica if no other replica is healthy. `blocks`: the
-        prompt's cacheable block hashes, for the prefix-aware policy and its telemetry chain."""
+        prompt's cacheable block hashes, for the prefix-aware policy and its telemetry chain.
+        `hold`: the caller can wait, so a HOLD pick is returned as such, unaccounted (module header);
+        `output_tokens`: the request's output budget (the hold rule's KV estimate)."""
         probe = self._probe
         probe.key = key
         probe.blocks = blocks
         probe.prompt_tokens = prompt_tokens
         probe.prefix_tokens = prefix_tokens
+        probe.output_tokens = output_tokens
         healthy = self.state.healthy
         if avoid >= 0 and healthy[avoid]:
             healthy[avoid] = False
@@ -128,6 +144,11 @@ class Router:
                 healthy[avoid] = True
         else:
             pick = self.policy.pick(probe, self.state)   # type: ignore[arg-type]
+        if pick.reason == Reason.HOLD:
+            self.counts[Reason.HOLD] += 1
+            if hold:
+                return pick
+            pick = Pick(pick.replica, Reason.FALLBACK)
         i = pick.replica
         self.state.in_flight[i] += 1
         self.recent[i] += 1
@@ -161,9 +182,14 @@ class Router:
         buf, room = self.telemetry, self.telemetry_capacity - len(self.telemetry)
         sample = None if report is None else set(self._rng.sample(range(report[1]), min(report)))
         out: list[Pick] = []
+        probe.blocks, probe.output_tokens = (), 0
         for n, (key, prompt_tokens, prefix_tokens) in enumerate(requests):
             probe.key = key
+            probe.prompt_tokens, probe.prefix_tokens = prompt_tokens, prefix_tokens
             p = pick(probe, state)   # type: ignore[arg-type]
+            if p.reason == Reason.HOLD:                 # RouteBatch cannot wait: send it anyway
+                counts[Reason.HOLD] += 1
+                p = Pick(p.replica, Reason.FALLBACK)
             i = p.replica
             in_flight[i] += 1
             recent[i] += 1
@@ -192,7 +218,7 @@ class Router:
 
     def _new_policy(self):
         make = prefix_policy if self.prefix_nodes else CacheRoutePolicy
-        return make(len(self.replicas), rng=self._policy_rng, cold=self._cold)
+        return make(len(self.replicas), rng=self._policy_rng, cold=self._cold, hold=self.hold)
 
     def prepare(self, plan: Plan | None) -> Prepared:
         """Everything an install costs that grows with the plan: columnar table, re-indexing,
@@ -258,9 +284,13 @@ class Router:
         self.engine_load[i] = waiting + running
         self.state.in_flight[i] = self.engine_load[i] + self.recent[i]
         self.state.kv_usage[i] = kv_usage
+        self.state.waiting[i] = waiting
+        self.state.kv_blocks[i] = getattr(stats, "kv_blocks", 0) or 0
         self.engine_stats[i] = stats
         self.engine_prefill[i] = getattr(stats, "prefill_tokens", 0) or 0
         self.state.prefill_tokens[i] = max(self.engine_prefill[i], self.local_prefill[i])
+        if self.changed is not None:
+            self.changed()
 
     def set_healthy(self, i: int, healthy: bool) -> bool:
         """Mark replica i; True if that changed its health."""
@@ -283,7 +313,8 @@ class Router:
         self.engine_stats.append(None)
         state = self.state
         for column, value in ((state.in_flight, 0), (state.prefill_tokens, 0), (state.active_blocks, 0),
-                              (state.kv_usage, 0.0), (state.healthy, False)):
+                              (state.kv_usage, 0.0), (state.healthy, False), (state.waiting, 0),
+                              (state.kv_blocks, 0)):
             column.append(value)
         return i
 
@@ -303,3 +334,5 @@ class Router:
 
     def stream_closed(self, i: int) -> None:
         self.outstanding[i] -= 1
+        if self.changed is not None:
+            self.changed()

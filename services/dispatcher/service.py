@@ -41,6 +41,7 @@ class DispatcherConfig:
     collector: str = ""
     rules: KeyRules = KeyRules()
     cold: str = DEFAULT_COLD_TAIL
+    hold_limit: float = 0.0               # seconds a request may be held while KV is full (0: never hold)
     prefix_nodes: bool = False             # route by prefix nodes, token balance (policy cacheroute-prefix)
     poll_interval: float = 0.25
     poll_timeout: float = 0.2
@@ -103,7 +104,8 @@ class DispatcherService:
     def __init__(self, config: DispatcherConfig) -> None:
         self.config = config
         self.router = Router(config.replicas, seed=config.seed, cold=config.cold,
-                             telemetry_capacity=config.telemetry_capacity, prefix_nodes=config.prefix_nodes)
+                             telemetry_capacity=config.telemetry_capacity, prefix_nodes=config.prefix_nodes,
+                             hold=config.hold_limit > 0)
         tls = config.server.tls
         def backend(replica_id: str, address: str):
             return make_backend(replica_id, address, config.engine_kind, tls=tls, keys=config.engine_keys,
@@ -157,7 +159,8 @@ class DispatcherService:
         metrics = RpcMetrics("dispatcher")
         metrics.registry.register(RouterMetrics(self.router))
         ring = data_plane_keys(self.config)
-        self.dispatcher = Dispatcher(self.router, self.monitor, self.usage, metrics.registry)
+        self.dispatcher = Dispatcher(self.router, self.monitor, self.usage, metrics.registry,
+                                     hold_limit=self.config.hold_limit)
         servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
                                       budget=self.budget, keyring=ring,
                                       dispatcher=self.dispatcher, forward_client_auth=self.config.http.forward_client_auth)

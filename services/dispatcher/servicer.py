@@ -229,7 +229,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
         async def counted() -> bool:
             return await self._granted(context, 1, now) == 1
 
-        job = Job(key, now, prompt_tokens, prefix_tokens, prefix_tokens, blocks, counted=counted)
+        job = Job(key, now, prompt_tokens, prefix_tokens, prefix_tokens, blocks, request.max_tokens, counted=counted)
         try:
             served = await self.dispatcher.dispatch(
                 job, lambda backend: first_chunk(backend.generate(request, timeout, authorization=forwarded)))

@@ -39,6 +39,16 @@ first telemetry, so a cold-path backlog built before the first plan does not lea
 measured window. q_cap comes from services.sim.knee (run on p99_alone below), W from services.core.warm
 unless given.
 
+Holds: a policy that answers Reason.HOLD (services.core.policies.cacheroute: the chosen
+replica's KV is full and no acceptable other has room) leaves the request in a dispatcher-side
+FIFO, one per replica it was held for (one global FIFO would let a head waiting for one full
+replica block requests for every other). After each step end of replica r (it freed KV or
+prefill budget) the head of r's queue is routed again with a fresh pick (the plan may have
+changed, or another replica have room), and the next, until one is held again; a head held
+`hold_limit` seconds (the SLO's worth) goes to its pick anyway, so nothing waits forever. Time held counts
+in TTFT (measured from the request's arrival). SimResult.extra["holds"] counts requests held
+at least once, forced sends and the mean and max hold.
+
 Failures: `Failure(replica, at, back)` takes a replica down at `at` (its queued and running
 requests are lost and counted as failed, its cache is gone) and, if `back` is set, returns
 it empty at `back`.
@@ -49,7 +59,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -99,6 +109,7 @@ class SimConfig:
     failures: tuple[Failure, ...] = ()
     plan_fn: PlanFn | None = None
     miss_accounting: bool = True          # split the gap to the infinite-cache bound (SimResult.extra["misses"])
+    hold_limit: float = 3.5               # seconds a HOLD may keep a request (the SLO's worth: the p99 SLO of every run)
 
     def warmup_for(self, end: float) -> float:
         if self.warmup is not None:
@@ -195,6 +206,7 @@ class Simulator:
         R = config.replicas
         self.engines = [EngineModel(config.profile, config.kv_blocks) for _ in range(R)]
         self.state = ClusterState.empty(R)
+        self.state.kv_blocks[:] = [e.kv_blocks for e in self.engines]
         if config.prefix_oracle:
             engines = self.engines
             self.state.prefix_match = lambda r, blocks: engines[r].match(blocks)
@@ -233,6 +245,10 @@ class Simulator:
         self.q_cap = config.q_cap
         self.events = 0
         self._lost_preemptions = 0
+        self._held = [deque() for _ in range(R)]  # per replica: request indices held for it (Reason.HOLD)
+        self._hold_count = 0                     # requests held at least once
+        self._hold_forced = 0                    # sent to their pick after hold_limit
+        self._hold_seconds: list[float] = []     # per released held request
 
     # -- replica events ---------------------------------------------------------------------
 
@@ -267,6 +283,8 @@ class Simulator:
             self._apply(r, t, self.engines[r].advance_decode(pending[2]))
         self._start(r, t)
         self._signal(r)
+        if self._held[r]:
+            self._release_held(r, t)
 
     def _apply(self, r: int, t: float, res: StepResult) -> None:
         index = self._index
@@ -288,6 +306,7 @@ class Simulator:
         used = eng.active_blocks
         st.active_blocks[r] = used
         st.kv_usage[r] = used / eng.kv_blocks
+        st.waiting[r] = eng.waiting
 
     # -- arrivals ---------------------------------------------------------------------------
 
@@ -297,11 +316,40 @@ class Simulator:
             self._prefix[q.key] = q.prefix_tokens
         if self._nodes is not None:
             self._observe_nodes(q)
+        self._route(i, q, t, held=False)
+
+    def _route(self, i: int, q: Request, t: float, *, held: bool) -> bool:
+        """Pick a replica for request i at t and hand it over; False if the policy holds it (a
+        newcomer joins the hold queue; a held request past `hold_limit` is sent to its pick)."""
         try:
             r, reason = self.policy.pick(q, self.state)
         except NoHealthyReplica:
             self._failed[i] = True
-            return
+            return True
+        if reason == Reason.HOLD:
+            if not held:
+                self._held[r].append(i)
+                self._hold_count += 1
+                return False
+            if t - q.arrival < self.config.hold_limit:
+                return False
+            self._hold_forced += 1
+        if held:
+            self._hold_seconds.append(t - q.arrival)
+        self._send(i, q, t, r, reason)
+        return True
+
+    def _release_held(self, r: int, t: float) -> None:
+        """Route the head of replica r's hold queue again, and the next, until one is held again
+        (it stays in r's queue, whichever replica it was held for this time)."""
+        held, reqs = self._held[r], self.requests
+        while held:
+            i = held[0]
+            if not self._route(i, reqs[i], t, held=True):
+                return
+            held.popleft()
+
+    def _send(self, i: int, q: Request, t: float, r: int, reason: Reason) -> None:
         eng = self.engines[r]
         try:
             eng.add(q, t)
@@ -311,7 +359,6 @@ class Simulator:
         self._replica[i] = r
         self._served_at[q.key] = r
         self._spilled[i] = reason == Reason.FALLBACK
-        self._arrival_at[i] = t
         self.state.in_flight[r] += 1
         if not self._busy[r]:
             self._busy[r] = True
@@ -467,7 +514,7 @@ class Simulator:
         failed = np.asarray(self._failed, dtype=bool)
         metrics = summarize(arrival, replica, ttft, cached, prompt, failed, replicas=cfg.replicas,
                             warmup=warmup, end=end)
-        extra = {"calibration_seconds": calibration}
+        extra = {"calibration_seconds": calibration, "holds": self._hold_summary()}
         if cfg.miss_accounting:
             measured = (arrival >= warmup) & (arrival < end) & ~np.isnan(ttft)
             extra["misses"] = miss_accounting([q.key for q in reqs], self._replica, self._spilled, self._cached,
@@ -481,6 +528,13 @@ class Simulator:
             arrival=arrival, replica=replica, ttft=ttft, cached=cached, prompt=prompt, failed=failed,
             extra=extra,
         )
+
+
+    def _hold_summary(self) -> dict:
+        waited = self._hold_seconds
+        return {"held": self._hold_count, "forced": self._hold_forced, "still_held": sum(map(len, self._held)),
+                "mean_seconds": sum(waited) / len(waited) if waited else 0.0,
+                "max_seconds": max(waited) if waited else 0.0}
 
 
 def default_plan_fn(*, now: float, keys: list[str], rates: list[float], healthy: list[bool],

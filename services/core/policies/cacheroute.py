@@ -73,7 +73,7 @@ from typing import Mapping
 from services.core.policies._common import Ring, least_loaded, p2c
 from services.core.policy import ClusterState, NoHealthyReplica, Pick, Reason
 from services.core.prefixes import NODE_DEPTHS, NODE_SHARE, parse_node_name
-from services.core.request import Request
+from services.core.request import BLOCK_TOKENS, Request
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL
 
 BALANCES = ("requests", "tokens")
@@ -82,6 +82,7 @@ SPILL_FLOOR = 8
 SPILL_COST = 2.0
 SPILL_BACKLOG = 8192
 MEMORY_KEYS = 1 << 16
+HOLD = False
 
 
 class CacheRoutePolicy:
@@ -91,7 +92,8 @@ class CacheRoutePolicy:
                  flat_fallback: bool = False, balance_factor: float | None = BALANCE_FACTOR,
                  spill_floor: int = SPILL_FLOOR, prefix: bool = False, balance: str = "requests",
                  reuse_weight: float = 1.0, spill_cost: float | None = SPILL_COST,
-                 spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS):
+                 spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS, hold: bool = HOLD,
+                 hold_backlog: int | None = None, hold_spill: bool = True):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
@@ -108,6 +110,9 @@ class CacheRoutePolicy:
         self.spill_cost = spill_cost
         self.spill_backlog = spill_backlog
         self.memory_keys = memory_keys
+        self.hold = hold
+        self.hold_backlog = hold_backlog
+        self.hold_spill = hold_spill
         self._seen: dict[str, int] = {}          # key -> replica of its latest request (two generations)
         self._seen_old: dict[str, int] = {}
         self._spill_ring = Ring(replicas)
@@ -157,6 +162,16 @@ class CacheRoutePolicy:
     def pick(self, request: Request, state: ClusterState) -> Pick:
         if self.flat_fallback:
             return Pick(p2c(self._rng, state), Reason.FALLBACK)
+        if not self.hold or not state.kv_blocks:
+            return self._choose(request, state)
+        seen = self.remembered(request.key)      # before the pick remembers itself
+        pick = self._choose(request, state)
+        if self._room(pick.replica, request, state, seen):
+            return pick
+        return self._hold_or_move(pick, request, state, seen)
+
+    def _choose(self, request: Request, state: ClusterState) -> Pick:
+        """The routing rules of the module header (plan table, guard and spill, cold tail)."""
         if self.balance == "tokens":
             return self._pick_tokens(request, state)
         members = self._table.get(request.key)
@@ -184,6 +199,52 @@ class CacheRoutePolicy:
         if not self._pays(best, target, request, state):
             return Pick(self._remember(request.key, best), Reason.PLANNED)
         return Pick(self._remember(request.key, target), Reason.FALLBACK)
+
+    def _room(self, r: int, request: Request, state: ClusterState, seen: int | None) -> bool:
+        """Whether replica r takes `request` without overcommitting its KV (the hold rule of the
+        module header): the blocks in use, plus the prefill queued there, plus this request's
+        uncached prompt and output must fit the pool, and (`hold_backlog`) a replica with requests
+        waiting must not already hold a step's prefill. The prompt counts as cached on the key's
+        planned members and on `seen` (the replica its latest request went to). Unknown pool
+        size: room."""
+        pool = state.kv_blocks[r]
+        if pool <= 0:
+            return True
+        home = r == seen or r in self._table.get(request.key, ())
+        uncached = request.prompt_tokens - (request.prefix_tokens if home else 0)
+        own = uncached + getattr(request, "output_tokens", 0)
+        if own > pool * BLOCK_TOKENS:
+            return True                  # never fits: the engine refuses it, holding would not help
+        backlog = state.prefill_tokens[r]
+        if state.kv_usage[r] * pool + (backlog + own) / BLOCK_TOKENS > pool:
+            return False
+        limit = self.hold_backlog
+        return limit is None or backlog + uncached <= limit or not (state.waiting and state.waiting[r])
+
+    def _hold_or_move(self, pick: Pick, request: Request, state: ClusterState, seen: int | None) -> Pick:
+        """`pick`'s replica has no room: another acceptable replica with room (the key's planned
+        members, least loaded first, then the spill rule's candidates on the key's ring: within
+        the in-flight bound and `_pays`), else HOLD with `pick`'s replica (where it goes if the
+        caller cannot or will not wait any longer)."""
+        home, key = pick.replica, request.key
+        healthy, load = state.healthy, state.in_flight
+        members = self._table.get(key, ())
+        for m in sorted(members, key=load.__getitem__):
+            if m != home and healthy[m] and self._room(m, request, state, seen):
+                return Pick(self._remember(key, m), Reason.PLANNED)
+        if not self.hold_spill:
+            return self._held(key, home, seen)
+        bound = self._cold_load(state)[2]
+        for r in self._spill_ring.walk(key):
+            if (r != home and healthy[r] and r not in members and load[r] + 1 <= bound
+                    and self._pays(home, r, request, state) and self._room(r, request, state, seen)):
+                return Pick(self._remember(key, r), Reason.FALLBACK)
+        return self._held(key, home, seen)
+
+    def _held(self, key: str, home: int, seen: int | None) -> Pick:
+        if seen is not None:
+            self._remember(key, seen)    # held, not routed: the key's memory stays where it was
+        return Pick(home, Reason.HOLD)
 
     def _pays(self, home: int, target: int, request: Request, state: ClusterState) -> bool:
         """Whether leaving `home` (over the in-flight bound) for `target` pays for the prefill it
