@@ -61,35 +61,3 @@ def test_requests_the_kv_cannot_take_are_held_then_served_without_preemption(hol
         assert preemptions == 0
     else:                                  # hold off: nothing is held (the engine queued them itself here)
         assert held == 0
-
-
-@pytest.mark.xfail(reason="unfinished: B is not held yet (A's KV at B's arrival is its prompt only, so B fits; "
-                          "B must arrive after A's decode has grown, or be larger)", strict=False)
-def test_a_held_request_whose_client_leaves_frees_its_place():
-    async def main():
-        fleet, service = await start(10.0)
-        try:
-            async with grpc.aio.insecure_channel(service.address) as ch:
-                stub = dispatcher_pb2_grpc.DispatcherStub(ch)
-                long_call = stub.Generate(engine_pb2.GenerateRequest(prompt=prompt(0), max_tokens=900, key="a"),
-                                          timeout=60)
-                await long_call.read()                     # A is on the engine and fills its KV
-                held_call = stub.Generate(engine_pb2.GenerateRequest(prompt=prompt(1), max_tokens=200, key="b"),
-                                          timeout=60)
-                await wait_until(lambda: sample(service, "cacheroute_held_now") == 1)
-                held_call.cancel()                         # B's client goes away while B is held
-                await wait_until(lambda: sample(service, "cacheroute_held_now") == 0)
-                while await long_call.read() is not grpc.aio.EOF:
-                    pass
-                req = engine_pb2.GenerateRequest(prompt=prompt(2), max_tokens=5, key="c")
-                after = [c async for c in stub.Generate(req, timeout=30)]
-            await asyncio.sleep(0.2)
-            return after, service.router.engine_stats[0].requests, sample(service, "cacheroute_held_total")
-        finally:
-            await service.stop(0)
-            await fleet.stop()
-
-    after, engine_requests, held = asyncio.run(main())
-    assert held == 1                                        # B was held, and only B
-    assert len(after) == 5 and after[-1].finished           # the next request is served, nothing waits for B
-    assert engine_requests == 2                             # A and C reached the engine; B never did
