@@ -437,15 +437,16 @@ async def attempt(router: str, scale: Scale, workload: str, qps: float, seed: in
     """run_point, once more after an unexpected failure (e.g. a port taken between choosing it and
     binding it); a second failure becomes a broken point so one point never loses the sweep."""
     t = time.monotonic()
+    extra = {"events_off": True} if events_off else {}
     try:
         try:
-            p = await run_point(router, scale, workload, qps, seed, log_root, progress, tier=tier, events_off=events_off)
+            p = await run_point(router, scale, workload, qps, seed, log_root, progress, tier=tier, **extra)
         except ValueError:
             raise
         except Exception as exc:
             print(f"  {workload} {router} {qps:g} req/s failed ({str(exc).splitlines()[0][:160]}); "
                   f"running it again", file=sys.stderr)
-            p = await run_point(router, scale, workload, qps, seed, log_root, progress, tier=tier, events_off=events_off)
+            p = await run_point(router, scale, workload, qps, seed, log_root, progress, tier=tier, **extra)
     except ValueError:
         raise
     except Exception as exc:
