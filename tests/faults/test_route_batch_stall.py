@@ -91,7 +91,10 @@ def test_a_max_size_route_batch_leaves_the_loop_to_a_5ms_probe():
     print("FIGURES", [f"batch {d * 1e3:.0f} ms, longest loop gap {g * 1e3:.1f} ms, {n} probes answered"
                       for d, g, n in runs])
     for duration, gap, _ in runs:
-        assert gap < duration / 3, f"the loop stalled {gap * 1e3:.1f} ms of a {duration * 1e3:.1f} ms batch"
+        # a fast machine answers the whole batch in ~25 ms, and parsing the 10,000-entry request
+        # and writing its reply (one step each, not sliceable) take ~9 ms of that: allow a third of
+        # the batch or 20 ms, whichever is larger (issue 22's probe goal is 50 ms)
+        assert gap < max(duration / 3, 0.020), f"the loop stalled {gap * 1e3:.1f} ms of a {duration * 1e3:.1f} ms batch"
     # a GetStatus round trip in this one loop takes several loop turns, so under load only a
     # few fit in a batch; before the fix those that "fit" were answered at its edges
     assert sum(n for _, _, n in runs) >= 2, f"GetStatus probes answered during the batches: {runs}"
