@@ -2,11 +2,13 @@
 
   cacheroute advise --collector HOST:PORT --replicas 8 [--spread 2] [--slo-p99 2] [--json]
 
-Reads the telemetry window's per-key rates from the collector (GetRates, the planner's input;
-CACHEROUTE_AUTH_TOKEN / _FILE when the collector wants a token), simulates the plan the
-planner would build on N-k .. N+k replicas of the engine profile, and prints the predicted
-hit rate and p99 TTFT per N and the smallest N meeting the SLO. Exit status 0 when some N
-meets it, 1 when none of the tried does.
+Reads the telemetry window from the collector (GetRates, the planner's input; CACHEROUTE_AUTH_TOKEN
+/ _FILE when the collector wants a token): per-key rates and mean prompt and prefix tokens, the
+mean output tokens per request the engines and dispatchers measured (--output-tokens when none
+was, or to override it) and the arrivals' burstiness. It simulates the plan the planner would
+build on N-k .. N+k replicas of the engine profile, and prints the predicted hit rate and p99
+TTFT per N and the smallest N meeting the SLO. Exit status 0 when some N meets it, 1 when none
+of the tried does.
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=env("PROFILE", "llama3-8b-h100"), help="engine profile (env CACHEROUTE_PROFILE)")
     p.add_argument("--q-cap", type=float, default=float(env("Q_CAP", "20")), help="req/s per replica at the knee")
     p.add_argument("--window", type=float, default=0.0, help="telemetry window, seconds (0: the collector's)")
-    p.add_argument("--seconds", type=float, default=60.0, help="simulated traffic, seconds (default 60)")
+    p.add_argument("--seconds", type=float, default=120.0, help="simulated traffic, seconds (default 120)")
+    p.add_argument("--max-requests", type=int, default=12_000,
+                   help="the simulated stream is shortened to stay within this (default 12000)")
+    p.add_argument("--output-tokens", type=int, default=0,
+                   help="output tokens per request (default 0: the window's measured mean, else "
+                        "the advisor's default, 200)")
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -52,26 +59,36 @@ def fetch_loads(collector: str, window: float, timeout: float):
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.planner.advisor import AdviceConfig, advise
+    from services.planner.advisor import DEFAULT_OUTPUT_TOKENS, AdviceConfig, advise
 
+    if args.output_tokens < 0:
+        raise CliError("--output-tokens must be >= 0")
     try:
         config = AdviceConfig(profile=args.profile, replicas=args.replicas, spread=args.spread, slo_p99=args.slo_p99,
-                              q_cap=args.q_cap, seconds=args.seconds)
+                              q_cap=args.q_cap, seconds=args.seconds, max_requests=args.max_requests,
+                              output_tokens=args.output_tokens or DEFAULT_OUTPUT_TOKENS)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     loads, reply = fetch_loads(args.collector, args.window, args.timeout)
     if not loads:
         raise CliError(f"the collector's window ({reply.window_seconds:g} s) has no traffic to advise on")
-    advice = advise(loads, config)
+    measured = None if args.output_tokens else (reply.mean_output_tokens or None)
+    try:
+        advice = advise(loads, config, output_tokens=measured, cv=reply.arrival_cv or None)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    source = "measured" if advice.output_measured else ("--output-tokens" if args.output_tokens else "default")
     if args.json:
         print(orjson.dumps({"recommended": advice.recommended, "slo_p99": args.slo_p99, "qps": advice.qps,
-                            "requests": advice.requests, "keys": len(loads),
+                            "requests": advice.requests, "keys": len(loads), "output_tokens": advice.output_tokens,
+                            "output_source": source, "arrival_cv": advice.cv,
                             "points": [{"replicas": p.replicas, "hit_rate": p.hit_rate,
                                         "ttft_p99": p.ttft_p99 if math.isfinite(p.ttft_p99) else None,
                                         "meets_slo": p.meets_slo} for p in advice.points]}).decode())
     else:
         print(f"window {reply.window_seconds:g} s: {len(loads)} keys, simulated {advice.requests} requests "
-              f"at {advice.qps:.1f} req/s on {args.profile}")
+              f"at {advice.qps:.1f} req/s on {args.profile}, {advice.output_tokens} output tokens each "
+              f"({source}), arrival CV {advice.cv:.2f}")
         print(f"{'replicas':>8}  {'hit rate':>8}  {'p99 TTFT':>9}  SLO {args.slo_p99:g} s")
         for p in advice.points:
             mark = " <- current" if p.replicas == args.replicas else ""
