@@ -195,6 +195,9 @@ class RecommendedReplicas:
                            f"smallest replica count whose simulated p99 TTFT meets {config.slo_p99:g} s "
                            "(services/planner/advisor.py; 0: no traffic yet)", registry=registry)
         self.last: Advice | None = None
+        self.last_replicas = 0       # N0 of the last advice
+        self.last_at = 0.0           # when it was computed (unix seconds)
+        self.gauge_value = 0
         self.steps = 0
         self._worker = ReplayWorker(advise_job, name="cacheroute-advisor")
         self._task = None
@@ -228,7 +231,9 @@ class RecommendedReplicas:
             return
         finally:
             self.steps += 1
-        self.gauge.set(gauge_value(self.last, config))
+        self.last_replicas, self.last_at = config.replicas, self.clock()
+        self.gauge_value = gauge_value(self.last, config)
+        self.gauge.set(self.gauge_value)
 
     def start(self) -> None:
         import asyncio

@@ -162,7 +162,8 @@ class PlannerService:
         servicer = self.servicer = PlannerServicer(self.store, self.loop, self.hub, planner_id=self.config.loop.planner_id,
                                                    clock=self.config.clock, gate=self.gate,
                                                    max_message_bytes=self.config.server.max_message_bytes,
-                                                   engines=self.engine_control, health=self.health)
+                                                   engines=self.engine_control, health=self.health,
+                                                   advisor=self.advisor)
         self.running = await start_server(self.config.server, [(planner_pb2_grpc.add_PlannerServicer_to_server, servicer)],
                                           [SERVICE], protected_methods=PROTECTED, audited_methods=PROTECTED,
                                           metrics=self.metrics)

@@ -35,6 +35,9 @@ def test_advise_prints_its_table_for_8_replicas_in_under_30s(tmp_path, capsys):
             if code != 2 or time.monotonic() > deadline:
                 break
             time.sleep(1)
+        off = cli(["advise", "--last", "--planner", stack.planner])     # this planner runs no advisor
+        _, off_err = capsys.readouterr()
+    assert off == 2 and "FAILED_PRECONDITION" in off_err and "--advise-slo-p99" in off_err, off_err
     assert code == 0, err
     assert elapsed < 30
     doc = orjson.loads(out)

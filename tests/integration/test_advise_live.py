@@ -81,6 +81,8 @@ def test_the_recommendation_rises_with_the_load(tmp_path, capsys, monkeypatch):
     with Stack(cfg) as stack:
         port = stack.child("planner").metrics_port
         assert gauge(port) == 0                                          # no traffic yet
+        assert cli(["advise", "--last", "--planner", stack.planner]) == 2
+        assert "NOT_FOUND" in capsys.readouterr().err
         generate(stack.dispatchers[0], 6)            # the engines measure the output length
         light = Load(stack.dispatchers[0], 4.0)
         light.start()
@@ -101,6 +103,8 @@ def test_the_recommendation_rises_with_the_load(tmp_path, capsys, monkeypatch):
             time.sleep(1.5)                          # the engines report every second
             code = cli(["advise", "--collector", stack.collector, "--replicas", "2", "--slo-p99", "2", "--json"])
             out, err = capsys.readouterr()
+            last_code = cli(["advise", "--last", "--planner", stack.planner, "--json"])   # the planner's GetAdvice
+            last, last_err = capsys.readouterr()
         finally:
             heavy.stop.set()
             heavy.join(5)
@@ -114,4 +118,7 @@ def test_the_recommendation_rises_with_the_load(tmp_path, capsys, monkeypatch):
     assert code in (0, 1), err
     assert doc["output_source"] == "measured" and doc["output_tokens"] == OUTPUT, doc
     assert (doc["recommended"] or 5) >= 3, doc
+    assert last_code in (0, 1), last_err
+    last = orjson.loads(last)
+    assert last["gauge"] >= 3 and last["replicas"] == 2 and [p["replicas"] for p in last["points"]] == [1, 2, 3, 4]
     assert time.monotonic() - t0 < 60
