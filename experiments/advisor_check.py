@@ -1,7 +1,8 @@
 """The capacity advisor against the simulator's own capacity sweep over N (issue 21, item 6).
 
-For each workload (paper; whale: two keys carrying 35% of the traffic, above q_cap at 120 QPS, so k_b > 1; bursty: paper with gamma
-gaps of CV 1.9), offered rate and seed, on the 8B profile with a p99 TTFT SLO:
+For each workload (paper; whale: two keys carrying 35% of the traffic, above q_cap at 120 QPS,
+so k_b > 1; bursty: paper with gamma gaps of CV 1.9), offered rate and seed, on the 8B profile
+with a p99 TTFT SLO:
 
 - **sim N**: the simulator's own answer. The workload's requests (their own output lengths,
   log-normal around 242 tokens) run through the cacheroute policy with its control loop (plans
@@ -20,6 +21,7 @@ gaps of CV 1.9), offered rate and seed, on the 8B profile with a p99 TTFT SLO:
 Simulated time only; the CPU seconds of one `measured` advice (7 simulations) are printed.
 
   /work/wt/cpu .venv/bin/python -m experiments.advisor_check [--seeds 0,1] [--slo 2] [--duration 300]
+  /work/wt/cpu .venv/bin/python -m experiments.advisor_check --cpu     # one advice for 8 replicas: CPU s
 """
 
 from __future__ import annotations
@@ -122,12 +124,28 @@ def table(rows: list[dict], slo: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_of_one_advice() -> str:
+    """CPU and wall seconds of one advice for 8 replicas (N = 6..10) at the default stream size:
+    `paper` at 100 req/s, so the 12,000-request cap binds."""
+    reqs = make_workload("paper", qps=100.0, duration=300.0, seed=0).requests
+    loads, output, cv = telemetry(reqs, 300.0)
+    t, w = time.process_time(), time.monotonic()
+    a = advise(loads, AdviceConfig(profile=PROFILE, replicas=8, spread=2, slo_p99=2.0, q_cap=Q_CAP),
+               output_tokens=output, cv=cv)
+    return (f"8 replicas (N = 6..10), paper at 100 req/s: {a.requests} requests simulated, recommended "
+            f"{a.recommended}; {time.process_time() - t:.1f} CPU s, {time.monotonic() - w:.1f} s wall")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--slo", type=float, default=2.0)
     p.add_argument("--duration", type=float, default=300.0)
+    p.add_argument("--cpu", action="store_true", help="only time one advice for 8 replicas")
     args = p.parse_args(argv)
+    if args.cpu:
+        print(cpu_of_one_advice())
+        return 0
     rows = check([int(s) for s in args.seeds.split(",")], args.slo, args.duration)
     print(table(rows, args.slo))
     return 0

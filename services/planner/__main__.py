@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--advise-profile", default=env("ADVISE_PROFILE", "llama3-8b-h100"),
                    help="engine profile the advisor simulates (env CACHEROUTE_ADVISE_PROFILE)")
     a.add_argument("--advise-interval", type=float, default=env_number("ADVISE_INTERVAL", "60", float),
-                   help="seconds between advices, its own loop (one costs a few CPU seconds, in a worker "
+                   help="seconds between advices, its own loop (one costs up to ~12 CPU s for 8 replicas, in a worker "
                         "process; env CACHEROUTE_ADVISE_INTERVAL, default 60)")
     a.add_argument("--advise-output-tokens", type=int,
                    default=env_number("ADVISE_OUTPUT_TOKENS", str(DEFAULT_OUTPUT_TOKENS), int),

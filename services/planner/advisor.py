@@ -24,7 +24,7 @@ Knobs and why (AdviceConfig):
 - `seconds` 120 and `max_requests` 12,000: an overloaded N shows in p99 only once its queue
   has grown past the SLO, and that takes time near the knee; 60 s / 4,000 requests ended
   before p99 crossed it and recommended too few replicas (experiments/advisor_check.py runs
-  both). One call for 8 replicas (5 simulations) costs a few CPU seconds at these sizes
+  both). One call for 8 replicas (5 simulations) costs up to ~12 CPU seconds at these sizes
   (docs/experiments.md, "Capacity advisor").
 - `output_tokens` 200: used only when no reporter measured an output length. It is the Azure
   LLM inference conversation trace's mean output (211 tokens over 19,366 requests,
@@ -174,7 +174,7 @@ def advise_job(loads: Sequence[tuple[str, float, float, float]], config: AdviceC
 
 class RecommendedReplicas:
     """The planner's `cacheroute_recommended_replicas` gauge: every `interval` seconds (its own,
-    not the control loop's: one advice costs a few CPU seconds), the telemetry window from the
+    not the control loop's: one advice costs up to ~12 CPU s for 8 replicas), the telemetry window from the
     store (rates, the measured mean output, the gap sample's CV, the placeable engine count as N0)
     and `advise` in a worker process (services.planner.gate.ReplayWorker), so neither the CPU
     time nor the GIL is the planner event loop's; the gauge set. 0 until the first window with
