@@ -9,6 +9,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from services.core.engines import ACTIVE, DRAINING, Engine, EngineSet
 from services.core.metrics import gap_cv
 from services.model import ArrivalRecord, CacheStatRecord
 from services.planner.advisor import (DEFAULT_OUTPUT_TOKENS, AdviceConfig, KeyLoad, RecommendedReplicas, advise,
@@ -95,6 +96,11 @@ def test_the_planner_gauge_follows_the_store_window_off_the_planner_process(redi
             cpu = time.process_time()
             await rec.step()
             cpu = time.process_time() - cpu
+            assert rec.last_replicas == 2       # no engine set stored: the configured N0
+            engines = EngineSet(1, tuple(Engine(i, f"e{i}", state=ACTIVE if i < 3 else DRAINING) for i in range(4)))
+            await store.put_engine_set(engines, expected=0)
+            _, config, _, _ = await rec.inputs()
+            assert config.replicas == 3         # the active engines now, not the draining one
         finally:
             await rec.stop()
             await store.close()
