@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 # Routing keys (and replica ids) longer than this, in UTF-8 bytes, are refused.
 MAX_KEY_BYTES = 256
@@ -42,12 +42,17 @@ class ArrivalRecord(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class CacheStatRecord:
-    """Per-replica deltas since the replica's previous report."""
+    """Per-replica deltas since the replica's previous report. `completed` counts the requests
+    whose output length is known (finished, or answered with a `usage`), `completion_tokens`
+    their output tokens: the window's mean output per request is their ratio (the capacity
+    advisor's input; 0 and 0 when the reporter cannot tell)."""
 
     replica_id: str
     prompt_tokens: int
     cached_tokens: int
     requests: int
+    completed: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +60,22 @@ class CacheCounters:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     requests: int = 0
+    completed: int = 0               # requests whose output length is known (CacheStatRecord)
+    completion_tokens: int = 0
 
     @property
     def hit_rate(self) -> float:
         """Token-weighted hit rate (SPEC section 6); 0 without traffic."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def mean_output_tokens(counters: Iterable[CacheCounters]) -> float | None:
+    """Mean output tokens per request over some replicas' counters; None when no reporter said."""
+    done = tokens = 0
+    for c in counters:
+        done += c.completed
+        tokens += c.completion_tokens
+    return tokens / done if done else None
 
 
 @dataclass(frozen=True, slots=True)

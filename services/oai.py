@@ -189,8 +189,9 @@ def parse_request(doc: dict, endpoint: str, *, max_output_tokens: int = 32_768) 
                       max_tokens if max_tokens is not None else completion, model, salt)
 
 
-def usage_of(doc: Any) -> tuple[int, int] | None:
-    """(prompt tokens, cached tokens) of a response or chunk's `usage`, None if it has none."""
+def usage_of(doc: Any) -> tuple[int, int, int | None] | None:
+    """(prompt tokens, cached tokens, completion tokens) of a response or chunk's `usage`, None if
+    it has none; completion tokens None when the usage does not say (or says something negative)."""
     if not isinstance(doc, dict):
         return None
     usage = doc.get("usage")
@@ -201,7 +202,9 @@ def usage_of(doc: Any) -> tuple[int, int] | None:
         return None
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return prompt, cached if isinstance(cached, int) and 0 <= cached <= prompt else 0
+    completion = usage.get("completion_tokens")
+    return (prompt, cached if isinstance(cached, int) and 0 <= cached <= prompt else 0,
+            completion if isinstance(completion, int) and completion >= 0 else None)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

@@ -104,14 +104,14 @@ class Reply:
 
     `body` is the whole answer, or `events` yields it as blocks of whole SSE events (bytes
     exactly as the engine framed them) and may raise EngineError mid-stream. `usage`:
-    (prompt tokens, cached tokens) once seen (streams: set while `events` runs). `close()`
+    (prompt tokens, cached tokens, completion tokens or None) once seen (streams: set while `events` runs). `close()`
     releases the engine request, cancelling it if unfinished."""
 
     status: int
     content_type: str
     body: bytes = b""
     events: AsyncIterator[bytes] | None = None
-    usage: tuple[int, int] | None = None
+    usage: tuple[int, int, int | None] | None = None
     close: Callable[[], Awaitable[None]] = _nothing
 
 

@@ -212,7 +212,7 @@ class HttpBackend(Backend):
                         index += 1
             if index == 0:
                 raise EngineError("failed", "empty", "sent no tokens")
-            prompt, cached = reply.usage or (0, 0)
+            prompt, cached, _ = reply.usage or (0, 0, None)
             yield engine_pb2.GenerateChunk(index=index, first=False, replica_id=self.replica_id, finished=True,
                                            finish_reason=finish or "length", prompt_tokens=prompt,
                                            cached_tokens=cached)

@@ -39,7 +39,7 @@ def has_usage(data: bytes) -> bool:
     return b'"usage":{' in data or b'"usage": {' in data      # not the `"usage":null` of every chunk
 
 
-def usage_events(ready: bytes, strip: bool) -> tuple[bytes, tuple[int, int] | None]:
+def usage_events(ready: bytes, strip: bool) -> tuple[bytes, tuple[int, int, int | None] | None]:
     """(the events of `ready` to relay, the usage figures found): whole events, any framing;
     the usage-only chunk is dropped if `strip`."""
     parts = EVENT_END.split(ready)          # event, separator, event, separator, ..., ""
@@ -60,7 +60,7 @@ def usage_events(ready: bytes, strip: bool) -> tuple[bytes, tuple[int, int] | No
     return b"".join(out), found
 
 
-def whole_usage(data: bytes) -> tuple[int, int] | None:
+def whole_usage(data: bytes) -> tuple[int, int, int | None] | None:
     """The usage figures of a whole JSON answer; None if it has none."""
     try:
         return oai.usage_of(orjson.loads(data))

@@ -83,15 +83,19 @@ def arrival_problems(rows: list[tuple[str, float, int, int]], *, now: float,
     return [(i, problem) for i, problem in found if problem is not None]
 
 
-def cache_stat_problem(replica_id: str, prompt_tokens: int, cached_tokens: int, requests: int) -> str | None:
+def cache_stat_problem(replica_id: str, prompt_tokens: int, cached_tokens: int, requests: int,
+                       completed: int = 0, completion_tokens: int = 0) -> str | None:
     """Why a cache-counter record is invalid, or None if it is fine."""
     if (problem := replica_id_problem(replica_id)) is not None:
         return problem
-    for name, value in (("prompt_tokens", prompt_tokens), ("cached_tokens", cached_tokens), ("requests", requests)):
+    for name, value in (("prompt_tokens", prompt_tokens), ("cached_tokens", cached_tokens), ("requests", requests),
+                        ("completed", completed), ("completion_tokens", completion_tokens)):
         if not 0 <= value < MAX_COUNT:
             return f"{name} {value} out of range"
     if cached_tokens > prompt_tokens:
         return f"cached_tokens {cached_tokens} > prompt_tokens {prompt_tokens}"
+    if completion_tokens and not completed:
+        return f"completion_tokens {completion_tokens} without completed requests"
     return None
 
 
@@ -258,9 +262,11 @@ class Ingestor:
                 continue
             good = []
             for i, s in enumerate(batch.stats):
-                problem = cache_stat_problem(s.replica_id, s.prompt_tokens, s.cached_tokens, s.requests)
+                problem = cache_stat_problem(s.replica_id, s.prompt_tokens, s.cached_tokens, s.requests,
+                                             s.completed, s.completion_tokens)
                 if problem is None:
-                    good.append(CacheStatRecord(s.replica_id, s.prompt_tokens, s.cached_tokens, s.requests))
+                    good.append(CacheStatRecord(s.replica_id, s.prompt_tokens, s.cached_tokens, s.requests,
+                                                s.completed, s.completion_tokens))
                 else:
                     tally.reject(f"batch {_label(batch.batch_id, tally.batches)} stat {i}", problem)
             self.counters.rejected("cache", len(batch.stats) - len(good))

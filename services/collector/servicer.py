@@ -7,7 +7,9 @@ from typing import Callable
 
 from cacheroute.v1 import collector_pb2, collector_pb2_grpc
 from services.collector.ingest import Ingestor, Tally
+from services.core.metrics import gap_cv
 from services.errors import InvalidArgument
+from services.model import mean_output_tokens
 from services.store import Store
 
 
@@ -52,6 +54,12 @@ class CollectorServicer(collector_pb2_grpc.CollectorServicer):
     async def GetRates(self, request, context):
         if request.window_seconds < 0:
             raise InvalidArgument("window_seconds must be >= 0")
-        snap = await self.store.window_rates(self.clock(), request.window_seconds or self.window_seconds)
+        now, window = self.clock(), request.window_seconds or self.window_seconds
+        snap = await self.store.window_rates(now, window)
         limit = min(request.limit or self.max_rates, self.max_rates)
-        return await asyncio.to_thread(rates_response, snap, limit, self.max_message_bytes - 1024)
+        out = await asyncio.to_thread(rates_response, snap, limit, self.max_message_bytes - 1024)
+        counters = (await self.store.cache_stats(now, window)).values()
+        out.completed_requests = sum(c.completed for c in counters)
+        out.mean_output_tokens = mean_output_tokens(counters) or 0.0
+        out.arrival_cv = gap_cv(await self.store.interarrival_sample(now, window)) or 0.0
+        return out

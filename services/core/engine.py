@@ -337,6 +337,7 @@ class EngineModel:
         self.cached_tokens = 0
         self.preemptions = 0
         self.finished_requests = 0
+        self.output_tokens = 0      # output tokens of the finished requests
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -573,6 +574,7 @@ class EngineModel:
             del self._seqs[seq.rid]
             result.finished.append(seq.rid)
         self.finished_requests += len(done)
+        self.output_tokens += sum(seq.output for seq in done)
         gone = set(map(id, done))
         self._running = [s for s in self._running if id(s) not in gone]
 

@@ -175,3 +175,17 @@ def miss_accounting(keys: Sequence[str], replica: Sequence[int], spilled: Sequen
     out["bound"] = best / total if total else 0.0
     out["hit_rate"] = hit / total if total else 0.0
     return out
+
+
+MAX_GAP_CV = 10.0       # gap_cv clips to [1/MAX_GAP_CV, MAX_GAP_CV]
+
+
+def gap_cv(gaps: Sequence[float]) -> float | None:
+    """Coefficient of variation of an inter-arrival sample (1: Poisson; the paper's bursty test
+    1.9), clipped to [1/MAX_GAP_CV, MAX_GAP_CV]; None for fewer than 30 positive gaps."""
+    x = [g for g in gaps if g > 0 and math.isfinite(g)]
+    if len(x) < 30:
+        return None
+    mean = sum(x) / len(x)
+    sd = math.sqrt(sum((g - mean) ** 2 for g in x) / len(x))
+    return min(MAX_GAP_CV, max(1.0 / MAX_GAP_CV, sd / mean))

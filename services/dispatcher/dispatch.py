@@ -260,7 +260,7 @@ class Served:
     def headers(self) -> dict[str, str]:
         return self.dispatcher.headers(self.replica, self.pick.reason)
 
-    def finish(self, usage: tuple[int, int] | None) -> None:
+    def finish(self, usage: tuple[int, int, int | None] | None) -> None:
         """The answer reached the client whole: cache telemetry of an HTTP engine's answer."""
         if self.backend.http and self.opened.status == 200:
             if usage is None:

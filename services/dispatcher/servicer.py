@@ -243,7 +243,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
             async for last in stream.rest:
                 yield last
             done = True
-            served.finish((last.prompt_tokens, last.cached_tokens) if last.prompt_tokens else None)
+            # the output's length: the final chunk's index counts the text chunks before it
+            served.finish((last.prompt_tokens, last.cached_tokens, last.index) if last.prompt_tokens else None)
         except EngineError as error:
             done = True
             served.failed(error)

@@ -1,6 +1,7 @@
 """Cache-stat deltas from an engine replica to the collector, off the request path.
 
-Every `interval` seconds the reporter takes the model's cumulative counters, sends the
+Every `interval` seconds the reporter takes the model's cumulative counters (first tokens,
+prompt and cached tokens; finished requests and their output tokens), sends the
 difference from the previous report as one CacheStatsBatch (batch id = replica id, boot
 nonce and sequence number, so the collector can drop a replayed batch), with the
 deployment's bearer token when one is configured (the collector requires it then), and moves on.
@@ -28,14 +29,18 @@ class Counters:
     requests: int
     prompt_tokens: int
     cached_tokens: int
+    completed: int = 0              # finished requests
+    completion_tokens: int = 0      # their output tokens
 
     @classmethod
     def of(cls, model: EngineModel) -> "Counters":
-        return cls(model.requests, model.prompt_tokens, model.cached_tokens)
+        return cls(model.requests, model.prompt_tokens, model.cached_tokens, model.finished_requests,
+                   model.output_tokens)
 
     def minus(self, other: "Counters") -> "Counters":
         return Counters(self.requests - other.requests, self.prompt_tokens - other.prompt_tokens,
-                        self.cached_tokens - other.cached_tokens)
+                        self.cached_tokens - other.cached_tokens, self.completed - other.completed,
+                        self.completion_tokens - other.completion_tokens)
 
 
 class CacheStatsReporter(PeriodicSender):
@@ -55,13 +60,14 @@ class CacheStatsReporter(PeriodicSender):
         """Send the delta since the last report (if any). True if the collector took it."""
         now = Counters.of(self.model)
         delta = now.minus(self._last)
-        if delta.requests == 0:
+        if delta.requests == 0 and delta.completed == 0:
             return True
         self._last = now
         batch = collector_pb2.CacheStatsBatch(
             batch_id=self.next_batch_id(self.replica_id), source=self.replica_id,
             stats=[collector_pb2.CacheStat(replica_id=self.replica_id, prompt_tokens=delta.prompt_tokens,
-                                           cached_tokens=delta.cached_tokens, requests=delta.requests)])
+                                           cached_tokens=delta.cached_tokens, requests=delta.requests,
+                                           completed=delta.completed, completion_tokens=delta.completion_tokens)])
         try:
             await self.stub.ReportCacheStats(iter([batch]), timeout=self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as err:

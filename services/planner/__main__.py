@@ -49,6 +49,8 @@ Live failure repair (services/planner/repair.py; needs id=host:port replicas):
   CACHEROUTE_ENGINE_KIND (cacheroute)              kind of addresses without KIND+ (services/backends)
   CACHEROUTE_ADVISE_SLO_P99 (0)                    > 0: export cacheroute_recommended_replicas for this p99 SLO
   CACHEROUTE_ADVISE_PROFILE (llama3-8b-h100)       engine profile the capacity advisor simulates
+  CACHEROUTE_ADVISE_INTERVAL (60)                  seconds between advices (its own loop, in a worker process)
+  CACHEROUTE_ADVISE_OUTPUT_TOKENS (200)            output tokens per request when the window measured none
   CACHEROUTE_DISCOVER ("")                         [KIND+][http://]NAME:PORT: engines are the addresses NAME resolves
                                                    to (a Kubernetes headless Service), re-resolved by the lease holder
   CACHEROUTE_DISCOVER_INTERVAL (10)                seconds between resolutions
@@ -67,7 +69,7 @@ import sys
 
 from services.core.shadow import FallbackConfig
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
-from services.planner.advisor import AdviceConfig
+from services.planner.advisor import DEFAULT_OUTPUT_TOKENS, AdviceConfig
 from services.planner.control import LoopConfig, switching_config
 from services.planner.engines import parse_discovery
 from services.planner.gate import GateConfig
@@ -166,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(env CACHEROUTE_ADVISE_SLO_P99; 0 = off)")
     a.add_argument("--advise-profile", default=env("ADVISE_PROFILE", "llama3-8b-h100"),
                    help="engine profile the advisor simulates (env CACHEROUTE_ADVISE_PROFILE)")
+    a.add_argument("--advise-interval", type=float, default=env_number("ADVISE_INTERVAL", "60", float),
+                   help="seconds between advices, its own loop (one costs up to ~12 CPU s for 8 replicas, in a worker "
+                        "process; env CACHEROUTE_ADVISE_INTERVAL, default 60)")
+    a.add_argument("--advise-output-tokens", type=int,
+                   default=env_number("ADVISE_OUTPUT_TOKENS", str(DEFAULT_OUTPUT_TOKENS), int),
+                   help="output tokens per request when the telemetry window measured none "
+                        f"(env CACHEROUTE_ADVISE_OUTPUT_TOKENS, default {DEFAULT_OUTPUT_TOKENS})")
     return p
 
 
@@ -212,6 +221,8 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
     for name in ("health_interval", "health_timeout", "repair_grace"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+    if not args.advise_interval > 0:
+        raise ValueError("--advise-interval must be > 0")
     discovery = parse_discovery(args.discover, args.discover_interval) if args.discover else None
     replicas = parse_replicas(args.replicas) if args.replicas or discovery is None else ()
     loop = LoopConfig(replica_ids=tuple(r.id for r in replicas), q_cap=args.q_cap, warm_slots=args.warm_slots,
@@ -226,9 +237,10 @@ def config_from_args(args: argparse.Namespace) -> PlannerConfig:
                          repair=bool(args.repair), health_interval=args.health_interval,
                          health_timeout=args.health_timeout, repair_grace=args.repair_grace,
                          engine_kind=args.engine_kind, discovery=discovery,
-                         advice=AdviceConfig(profile=args.advise_profile, replicas=len(loop.replica_ids),
-                                             slo_p99=args.advise_slo_p99, q_cap=loop.q_cap)
-                         if args.advise_slo_p99 > 0 else None)
+                         advice=AdviceConfig(profile=args.advise_profile, replicas=max(1, len(loop.replica_ids)),
+                                             slo_p99=args.advise_slo_p99, q_cap=loop.q_cap,
+                                             output_tokens=args.advise_output_tokens)
+                         if args.advise_slo_p99 > 0 else None, advice_interval=args.advise_interval)
 
 
 def main(argv: list[str] | None = None) -> int:

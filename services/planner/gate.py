@@ -138,15 +138,17 @@ def _finite(report: ShadowReport) -> ShadowReport:
     return dataclasses.replace(report, **fix) if fix else report
 
 
-def _worker_main(conn) -> None:
-    """The worker process: answer jobs until the planner closes the pipe (or dies)."""
+def _worker_main(conn, fn=None) -> None:
+    """The worker process: answer jobs (`fn(*job)`, default `evaluate`) until the planner closes
+    the pipe (or dies)."""
+    fn = fn or evaluate
     while True:
         try:
             job = conn.recv()
         except (EOFError, OSError):
             return
         try:
-            reply = ("ok", evaluate(*job) if job is not None else None)
+            reply = ("ok", fn(*job) if job is not None else None)
         except Exception as exc:  # noqa: BLE001 - reported to the planner as a failed gate
             reply = ("error", f"{type(exc).__name__}: {exc}")
         try:
@@ -160,9 +162,11 @@ class ReplayTimeout(Exception):
 
 
 class ReplayWorker:
-    """One spawned process running `evaluate`; killed and replaced when a job overruns."""
+    """One spawned process running `fn` (a module-level function; default the gate's `evaluate`;
+    the capacity advisor's gauge runs `advise` in one); killed and replaced when a job overruns."""
 
-    def __init__(self) -> None:
+    def __init__(self, fn=None, name: str = "cacheroute-replay") -> None:
+        self._fn, self._name = fn, name
         self._ctx = multiprocessing.get_context("spawn")
         self._proc = None
         self._conn = None
@@ -175,7 +179,7 @@ class ReplayWorker:
         if self._proc is None or not self._proc.is_alive():
             self._kill()
             parent, child = self._ctx.Pipe()
-            self._proc = self._ctx.Process(target=_worker_main, args=(child,), name="cacheroute-replay", daemon=True)
+            self._proc = self._ctx.Process(target=_worker_main, args=(child, self._fn), name=self._name, daemon=True)
             self._proc.start()
             child.close()
             self._conn = parent

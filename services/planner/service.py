@@ -46,6 +46,7 @@ class PlannerConfig:
     repair_grace: float = 2.0
     engine_kind: str = "cacheroute"       # kind of replica addresses without KIND+ (services.backends)
     advice: "AdviceConfig | None" = None  # cacheroute_recommended_replicas (services/planner/advisor.py); None: off
+    advice_interval: float = 60.0         # seconds between advices (not the control loop's interval)
     discovery: "Discovery | None" = None  # engines from a DNS name (services/planner/engines.py); None: off
     clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
 
@@ -132,7 +133,7 @@ class PlannerService:
                                "state (Redis restarted without persistence)", registry=self.metrics.registry)
         self.store.on_reset = self._store_reset
         self.advisor = (RecommendedReplicas(self.store, self.metrics.registry, config.advice,
-                                            window_seconds=config.loop.window_seconds, interval=config.loop.interval,
+                                            window_seconds=config.loop.window_seconds, interval=config.advice_interval,
                                             clock=config.clock) if config.advice is not None else None)
 
     def _store_reset(self, seen: int, counter: int) -> None:
@@ -161,7 +162,8 @@ class PlannerService:
         servicer = self.servicer = PlannerServicer(self.store, self.loop, self.hub, planner_id=self.config.loop.planner_id,
                                                    clock=self.config.clock, gate=self.gate,
                                                    max_message_bytes=self.config.server.max_message_bytes,
-                                                   engines=self.engine_control, health=self.health)
+                                                   engines=self.engine_control, health=self.health,
+                                                   advisor=self.advisor)
         self.running = await start_server(self.config.server, [(planner_pb2_grpc.add_PlannerServicer_to_server, servicer)],
                                           [SERVICE], protected_methods=PROTECTED, audited_methods=PROTECTED,
                                           metrics=self.metrics)

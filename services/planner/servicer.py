@@ -31,6 +31,7 @@ from services.rpc import kv
 from services.store import Pinned, StaleVersion, Store, summary_of
 
 if TYPE_CHECKING:
+    from services.planner.advisor import RecommendedReplicas
     from services.planner.engines import EngineControl
     from services.planner.repair import ReplicaHealth
 
@@ -97,12 +98,23 @@ def _explicit_inputs(parts: list, replica_ids, q_cap, warm_slots) -> BuildInputs
     return BuildInputs([r.key for r in rows], rates, prefix, replica_ids, q_cap, warm_slots)
 
 
+def advice_pb(advisor: "RecommendedReplicas") -> planner_pb2.CapacityAdvice:
+    a = advisor.last
+    return planner_pb2.CapacityAdvice(
+        recommended=a.recommended or 0, gauge=int(advisor.gauge_value), slo_p99=advisor.config.slo_p99,
+        replicas=advisor.last_replicas, qps=a.qps, requests=a.requests, output_tokens=a.output_tokens,
+        output_measured=a.output_measured, arrival_cv=a.cv, computed_at=advisor.last_at,
+        points=[planner_pb2.AdvicePoint(replicas=p.replicas, hit_rate=p.hit_rate, ttft_p99=p.ttft_p99,
+                                        meets_slo=p.meets_slo) for p in a.points])
+
+
 class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def __init__(self, store: Store, loop: ControlLoop, hub: WatchHub, *, planner_id: str,
                  clock: Callable[[], float], gate: Gate | None = None,
                  max_message_bytes: int = 8 * 1024 * 1024, engines: "EngineControl | None" = None,
-                 health: "ReplicaHealth | None" = None) -> None:
+                 health: "ReplicaHealth | None" = None, advisor: "RecommendedReplicas | None" = None) -> None:
         self.store = store
+        self.advisor = advisor
         self.engines = engines
         self.health = health
         self.loop = loop
@@ -271,6 +283,13 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             active_version=state.active_version, mode=_MODE_TO_PB[state.mode], pinned_version=state.pinned_version,
             mode_reason=state.mode_reason, last_loop_at=loop.last_loop_at, last_loop_outcome=loop.last_outcome,
             latest_version=state.latest_version, **loop.hit_rates)
+
+    async def GetAdvice(self, request, context):
+        if self.advisor is None:
+            raise FailedPrecondition("the capacity advisor is off: start the planner with --advise-slo-p99")
+        if self.advisor.last is None:
+            raise NotFound("no advice yet: the advisor has not seen a telemetry window with traffic")
+        return advice_pb(self.advisor)
 
     # ---- control (bearer token when configured)
 

@@ -174,5 +174,6 @@ def cap_new_keys(counts: dict[str, list[int]], present, have: int, cap: int) -> 
 
 
 def counters(rows: dict[str, list[int]]) -> dict[str, CacheCounters]:
-    """replica -> [prompt, cached, requests] -> CacheCounters, replicas in id order."""
+    """replica -> [prompt, cached, requests, completed, completion tokens] -> CacheCounters, replicas
+    in id order."""
     return {r: CacheCounters(*v) for r, v in sorted(rows.items())}

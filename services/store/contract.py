@@ -150,7 +150,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def cache_stats(self, now: float, window_seconds: float) -> dict[str, CacheCounters]:
-        """Per-replica cache counters summed over the window's buckets."""
+        """Per-replica cache counters summed over the window's buckets, the output counters
+        (`completed`, `completion_tokens`) included."""
 
     @abc.abstractmethod
     async def cache_totals(self) -> dict[str, CacheCounters]:

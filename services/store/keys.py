@@ -6,7 +6,8 @@ is the Redis Cluster hash tag, so every script or transaction touches one slot) 
 once, in docs/architecture.md, section "Store and key schema"; `Keys` builds the names.
 
 Cache-counter fields: one per replica and counter, "REPLICA|p" (prompt tokens), "REPLICA|c"
-(cached tokens), "REPLICA|r" (requests); so a replica id must not contain the separator
+(cached tokens), "REPLICA|r" (requests), "REPLICA|f" (requests whose output length is known)
+and "REPLICA|o" (their output tokens); so a replica id must not contain the separator
 (`replica_id_problem` says so; the collector asks it before anything is stored).
 """
 
@@ -60,10 +61,11 @@ class Keys:
 
 
 # ---------------------------------------------------------------------------------------------
-# cache-counter fields: "replica|p", "replica|c", "replica|r"
+# cache-counter fields: "replica|p", "replica|c", "replica|r", "replica|f", "replica|o"
 
 FIELD_SEPARATOR = "|"
-_SLOTS = {"p": 0, "c": 1, "r": 2}     # prompt tokens, cached tokens, requests
+COUNTER_KINDS = "pcrfo"       # prompt tokens, cached tokens, requests, completed requests, completion tokens
+_SLOTS = {k: i for i, k in enumerate(COUNTER_KINDS)}
 
 
 def replica_id_problem(replica_id: str) -> str | None:
@@ -78,29 +80,31 @@ def replica_id_problem(replica_id: str) -> str | None:
 def stat_fields(stats: Sequence[CacheStatRecord]) -> dict[str, int]:
     """Cache-stat records -> field deltas, summed per field."""
     out: dict[str, int] = defaultdict(int)
-    for s in stats:
-        out[f"{s.replica_id}|p"] += s.prompt_tokens
-        out[f"{s.replica_id}|c"] += s.cached_tokens
-        out[f"{s.replica_id}|r"] += s.requests
+    for replica, deltas in stat_groups(stats).items():
+        for kind, d in zip(COUNTER_KINDS, deltas):
+            out[f"{replica}|{kind}"] += d
     return out
 
 
 def stat_groups(stats: Sequence[CacheStatRecord]) -> dict[str, list[int]]:
-    """Cache-stat records -> replica -> [prompt, cached, requests] deltas, summed."""
+    """Cache-stat records -> replica -> [prompt, cached, requests, completed, completion] deltas, summed."""
     out: dict[str, list[int]] = {}
     for s in stats:
-        acc = out.setdefault(s.replica_id, [0, 0, 0])
+        acc = out.setdefault(s.replica_id, [0] * len(COUNTER_KINDS))
         acc[0] += s.prompt_tokens
         acc[1] += s.cached_tokens
         acc[2] += s.requests
+        acc[3] += s.completed
+        acc[4] += s.completion_tokens
     return out
 
 
 def merge_counters(into: dict[str, list[int]], fields: dict[str, int]) -> None:
-    """Fold "replica|p|c|r" style hash fields into replica -> [prompt, cached, requests]."""
+    """Fold "replica|p|c|r|f|o" style hash fields into replica -> [prompt, cached, requests,
+    completed, completion tokens]."""
     for name, value in fields.items():
         replica, _, kind = name.rpartition(FIELD_SEPARATOR)
-        into.setdefault(replica, [0, 0, 0])[_SLOTS[kind]] += int(value)
+        into.setdefault(replica, [0] * len(COUNTER_KINDS))[_SLOTS[kind]] += int(value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from services.store.keys import (
     encode_plan,
     log_lines,
     merge_counters,
+    COUNTER_KINDS,
     stat_groups,
     summary_of,
 )
@@ -128,11 +129,11 @@ class MemoryStore(Store):
         refused = []
         bucket = self._cache_b.setdefault(self.telemetry.bucket(now), {})
         for replica, deltas in stat_groups(stats).items():
-            total = self._cache_total.get(replica, [0, 0, 0])
+            total = self._cache_total.get(replica, [0] * len(COUNTER_KINDS))
             if any(t + d > CACHE_COUNTER_LIMIT for t, d in zip(total, deltas)):
                 refused.append(replica)
                 continue
-            fields = {f"{replica}|{k}": d for k, d in zip("pcr", deltas)}
+            fields = {f"{replica}|{k}": d for k, d in zip(COUNTER_KINDS, deltas)}
             merge_counters(bucket, fields)
             merge_counters(self._cache_total, fields)
         return CacheStatsWrite(True, tuple(refused))
@@ -215,9 +216,9 @@ class MemoryStore(Store):
         rows: dict[str, list[int]] = {}
         for i in range(first, last + 1):
             for replica, v in self._cache_b.get(i, {}).items():
-                acc = rows.setdefault(replica, [0, 0, 0])
-                for j in range(3):
-                    acc[j] += v[j]
+                acc = rows.setdefault(replica, [0] * len(COUNTER_KINDS))
+                for j, x in enumerate(v):
+                    acc[j] += x
         return counters(rows)
 
     async def cache_totals(self) -> dict[str, CacheCounters]:

@@ -29,15 +29,20 @@ def test_advise_prints_its_table_for_8_replicas_in_under_30s(tmp_path, capsys):
         while True:
             t0 = time.monotonic()
             code = cli(["advise", "--collector", stack.collector, "--replicas", "8", "--spread", "2",
-                        "--slo-p99", "5", "--seconds", "60", "--json"])
+                        "--slo-p99", "5", "--json"])       # the defaults: 120 s, 12,000 requests at most
             elapsed = time.monotonic() - t0
             out, err = capsys.readouterr()
             if code != 2 or time.monotonic() > deadline:
                 break
             time.sleep(1)
+        off = cli(["advise", "--last", "--planner", stack.planner])     # this planner runs no advisor
+        _, off_err = capsys.readouterr()
+    assert off == 2 and "FAILED_PRECONDITION" in off_err and "--advise-slo-p99" in off_err, off_err
     assert code == 0, err
     assert elapsed < 30
     doc = orjson.loads(out)
     assert [p["replicas"] for p in doc["points"]] == [6, 7, 8, 9, 10]
     assert doc["keys"] == 12 and doc["recommended"] in range(6, 11)
     assert all(0 <= p["hit_rate"] <= 1 for p in doc["points"])
+    # Route calls reach no engine, so no output length was measured: the documented fallback
+    assert (doc["output_source"], doc["output_tokens"]) == ("default", 200)

@@ -88,9 +88,11 @@ def test_invalid_records_are_rejected_and_valid_ones_kept(redis_url):
         ("ok", NOW - 2, 12, 5),
     ])
     stats = pb.CacheStatsBatch(batch_id="c", stats=[
-        pb.CacheStat(replica_id="r0", prompt_tokens=100, cached_tokens=40, requests=2),
+        pb.CacheStat(replica_id="r0", prompt_tokens=100, cached_tokens=40, requests=2, completed=2,
+                     completion_tokens=300),
         pb.CacheStat(replica_id="r1", prompt_tokens=10, cached_tokens=11, requests=1),   # cached > prompt
         pb.CacheStat(replica_id="r2", prompt_tokens=-1, cached_tokens=0, requests=1),    # negative
+        pb.CacheStat(replica_id="r3", prompt_tokens=10, cached_tokens=0, requests=1, completion_tokens=5),  # done: 0
     ])
 
     async def scenario(stub, ch, service):
@@ -102,8 +104,10 @@ def test_invalid_records_are_rejected_and_valid_ones_kept(redis_url):
     a, c, rates, totals = asyncio.run(with_collector(config(redis_url), scenario))
     assert (a.accepted, a.rejected) == (2, 5)
     assert a.first_rejection == "batch mixed arrival 1: empty key"
-    assert (c.accepted, c.rejected) == (1, 2) and "cached_tokens 11 > prompt_tokens 10" in c.first_rejection
+    assert (c.accepted, c.rejected) == (1, 3) and "cached_tokens 11 > prompt_tokens 10" in c.first_rejection
     assert [(r.key, r.rate * 60) for r in rates.rates] == [("ok", pytest.approx(2.0))]
+    # the window's mean output length, the capacity advisor's input (services/planner/advisor.py)
+    assert (rates.completed_requests, rates.mean_output_tokens) == (2, pytest.approx(150.0))
     assert list(totals) == ["r0"] and totals["r0"].hit_rate == pytest.approx(0.4)
 
 

@@ -59,6 +59,7 @@ def test_generate_through_the_simulated_engines_http_api():
             assert last.prompt_tokens == 80 and last.cached_tokens >= 64     # the second call hit the prefix
             i = service.router.ids.index(first.route.replica_id)
             assert service.usage.requests[i] == 2 and service.usage.cached[i] >= 64    # accounted as the HTTP API does
+            assert service.usage.completed[i] == 2 and service.usage.completion[i] == 8  # 4 output tokens each
             assert len(service.router.telemetry) == 2                                   # two served arrivals
             assert service.router.outstanding == [0, 0]
         finally:

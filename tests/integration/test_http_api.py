@@ -110,6 +110,7 @@ def test_openai_sdk_sync_and_async_streaming_and_not(redis_url, kind):
             if kind == "vllm":   # the dispatcher took the usage of every proxied response, stripped or not
                 assert sum(service.http.usage.requests) == 10   # 4 from acme, 6 from beta
                 assert service.http.usage.cached[0] > 0 and service.http.usage.cached[1] > 0
+                assert sum(service.http.usage.completed) == 10 and sum(service.http.usage.completion) >= 10
             async with aiohttp.ClientSession() as http:
                 async with http.get(service.http_url + "/health") as resp:
                     assert resp.status == 200 and (await resp.json())["healthy_replicas"] == 2

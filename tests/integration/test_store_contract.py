@@ -137,6 +137,27 @@ def test_cache_counters_windowed_and_total(make_store):
     assert total["r0"].hit_rate == pytest.approx(0.4) and total["r1"].requests == 1
 
 
+def test_output_counters_are_windowed_totalled_and_deduplicated(make_store):
+    from services.model import mean_output_tokens
+
+    async def scenario(store):
+        await store.record_cache_stats("o1", [CacheStatRecord("r0", 100, 60, 2, 2, 500)], now=T0 - 50)
+        await store.record_cache_stats("o2", [CacheStatRecord("r0", 100, 20, 1, 3, 300),
+                                              CacheStatRecord("r1", 10, 0, 1, 1, 40),
+                                              CacheStatRecord("r2", 10, 0, 1)], now=T0)   # cannot tell: 0, 0
+        dup = await store.record_cache_stats("o2", [CacheStatRecord("r1", 10, 0, 1, 1, 40)], now=T0)
+        return dup, await store.cache_stats(T0 + 1, 10.0), await store.cache_totals()
+
+    dup, window, total = run(make_store, scenario)
+    assert dup is False
+    assert (window["r0"].completed, window["r0"].completion_tokens) == (3, 300)     # the old bucket is out
+    assert (window["r1"].completed, window["r1"].completion_tokens) == (1, 40)      # the replay counted nothing
+    assert (window["r2"].completed, window["r2"].completion_tokens, window["r2"].requests) == (0, 0, 1)
+    assert mean_output_tokens(window.values()) == pytest.approx(340 / 4)
+    assert (total["r0"].completed, total["r0"].completion_tokens) == (5, 800)
+    assert mean_output_tokens(total.values()) == pytest.approx(840 / 6)
+    assert mean_output_tokens([window["r2"]]) is None
+
 def test_prefix_counts_windowed_deduplicated_and_bounded(make_store, monkeypatch):
     from services.core.prefixes import count_fields, samples_from_counts
     from services.store import contract, memory, redis as redis_store

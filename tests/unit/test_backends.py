@@ -107,9 +107,10 @@ def test_bad_endpoints(address, default):
 def test_cache_usage_prefers_responses_and_falls_back_to_counter_deltas():
     usage = CacheUsage(["a", "b"])
     usage.counters(1, 0, 1000, 100)
-    usage.record(0, 100, 80)
-    usage.record(0, 50, 60)                      # cached capped at prompt
+    usage.record(0, 100, 80, 30)
+    usage.record(0, 50, 60)                      # cached capped at prompt; no completion tokens said
+    usage.record(1, 70, 0, 12)                   # b's prompt figures come from its counters, its output from this
     usage.record_missing(1)
     usage.counters(1, 0, 1500, 400)
-    assert usage.take() == [("a", 2, 150, 130), ("b", 1, 500, 300)]
+    assert usage.take() == [("a", 2, 150, 130, 1, 30), ("b", 2, 500, 300, 1, 12)]
     assert usage.take() == []

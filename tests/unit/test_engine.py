@@ -338,3 +338,24 @@ def test_profile_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         P8.t0 = 0  # type: ignore[misc]
     assert isinstance(P8, EngineProfile)
+
+
+def test_finished_requests_count_their_output_tokens_stepped_and_fast_forwarded():
+    """The reporter's completion counters (the capacity advisor's mean output length)."""
+    stepped, forwarded = EngineModel(P8), EngineModel(P8)
+    for e in (stepped, forwarded):
+        e.add(req(1, 100, 7), 0.0)
+        e.add(req(2, 300, 30), 0.0)
+    run_to_idle(stepped)
+    now = 0.0
+    while not forwarded.idle:
+        if forwarded.decode_only and (k := forwarded.decode_horizon()) >= 1:
+            now += forwarded.advance_decode(k).duration
+        else:
+            now += forwarded.step(now).duration
+    for e in (stepped, forwarded):
+        assert (e.finished_requests, e.output_tokens) == (2, 37)
+    e = EngineModel(P8)
+    e.add(req(3, 100, 50), 0.0)
+    e.step(0.0)
+    assert e.abort(3) and (e.finished_requests, e.output_tokens) == (0, 0)     # aborted: not counted

@@ -76,10 +76,11 @@ def test_bad_json_and_non_objects():
 
 
 def test_usage_is_read_from_bodies_and_chunks():
-    assert oai.usage_of({"usage": oai.usage(100, 3, 64)}) == (100, 64)
-    assert oai.usage_of({"usage": {"prompt_tokens": 10}}) == (10, 0)          # vLLM omits details when 0
+    assert oai.usage_of({"usage": oai.usage(100, 3, 64)}) == (100, 64, 3)
+    assert oai.usage_of({"usage": {"prompt_tokens": 10}}) == (10, 0, None)    # vLLM omits details when 0
     assert oai.usage_of({"usage": None}) is None and oai.usage_of([]) is None
-    assert oai.usage_of({"usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 9}}}) == (5, 0)
+    assert oai.usage_of({"usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 9}}}) == (5, 0, None)
+    assert oai.usage_of({"usage": {"prompt_tokens": 5, "completion_tokens": -2}}) == (5, 0, None)
 
 
 def test_stream_usage_flag_only_counts_for_streams():

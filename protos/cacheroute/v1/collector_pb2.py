@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63\x61\x63heroute/v1/collector.proto\x12\rcacheroute.v1\"y\n\x07\x41rrival\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rprefix_tokens\x18\x04 \x01(\r\x12\x14\n\x0cprefix_nodes\x18\x05 \x03(\x06\x12\x0f\n\x07replica\x18\x06 \x01(\t\"Z\n\x0c\x41rrivalBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12(\n\x08\x61rrivals\x18\x03 \x03(\x0b\x32\x16.cacheroute.v1.Arrival\"_\n\tCacheStat\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\x12\x10\n\x08requests\x18\x04 \x01(\x03\"\\\n\x0f\x43\x61\x63heStatsBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\'\n\x05stats\x18\x03 \x03(\x0b\x32\x18.cacheroute.v1.CacheStat\"x\n\rIngestSummary\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x04\x12\x10\n\x08rejected\x18\x03 \x01(\x04\x12\x19\n\x11\x64uplicate_batches\x18\x04 \x01(\x04\x12\x17\n\x0f\x66irst_rejection\x18\x05 \x01(\t\"8\n\x0fGetRatesRequest\x12\x16\n\x0ewindow_seconds\x18\x01 \x01(\x01\x12\r\n\x05limit\x18\x02 \x01(\r\"b\n\rKeyRateSample\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x1a\n\x12mean_prompt_tokens\x18\x03 \x01(\x01\x12\x1a\n\x12mean_prefix_tokens\x18\x04 \x01(\x01\"\xc7\x01\n\x10GetRatesResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x16\n\x0ewindow_seconds\x18\x02 \x01(\x01\x12+\n\x05rates\x18\x03 \x03(\x0b\x32\x1c.cacheroute.v1.KeyRateSample\x12\x16\n\x0etotal_arrivals\x18\x04 \x01(\x04\x12\x12\n\ntotal_keys\x18\x05 \x01(\r\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x12\x1a\n\x12untracked_arrivals\x18\x07 \x01(\x04\x32\xfb\x01\n\tCollector\x12M\n\x0eReportArrivals\x12\x1b.cacheroute.v1.ArrivalBatch\x1a\x1c.cacheroute.v1.IngestSummary(\x01\x12R\n\x10ReportCacheStats\x12\x1e.cacheroute.v1.CacheStatsBatch\x1a\x1c.cacheroute.v1.IngestSummary(\x01\x12K\n\x08GetRates\x12\x1e.cacheroute.v1.GetRatesRequest\x1a\x1f.cacheroute.v1.GetRatesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63\x61\x63heroute/v1/collector.proto\x12\rcacheroute.v1\"y\n\x07\x41rrival\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rprefix_tokens\x18\x04 \x01(\r\x12\x14\n\x0cprefix_nodes\x18\x05 \x03(\x06\x12\x0f\n\x07replica\x18\x06 \x01(\t\"Z\n\x0c\x41rrivalBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12(\n\x08\x61rrivals\x18\x03 \x03(\x0b\x32\x16.cacheroute.v1.Arrival\"\x8d\x01\n\tCacheStat\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\x12\x10\n\x08requests\x18\x04 \x01(\x03\x12\x11\n\tcompleted\x18\x05 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x01(\x03\"\\\n\x0f\x43\x61\x63heStatsBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\'\n\x05stats\x18\x03 \x03(\x0b\x32\x18.cacheroute.v1.CacheStat\"x\n\rIngestSummary\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x04\x12\x10\n\x08rejected\x18\x03 \x01(\x04\x12\x19\n\x11\x64uplicate_batches\x18\x04 \x01(\x04\x12\x17\n\x0f\x66irst_rejection\x18\x05 \x01(\t\"8\n\x0fGetRatesRequest\x12\x16\n\x0ewindow_seconds\x18\x01 \x01(\x01\x12\r\n\x05limit\x18\x02 \x01(\r\"b\n\rKeyRateSample\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\x1a\n\x12mean_prompt_tokens\x18\x03 \x01(\x01\x12\x1a\n\x12mean_prefix_tokens\x18\x04 \x01(\x01\"\x93\x02\n\x10GetRatesResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x16\n\x0ewindow_seconds\x18\x02 \x01(\x01\x12+\n\x05rates\x18\x03 \x03(\x0b\x32\x1c.cacheroute.v1.KeyRateSample\x12\x16\n\x0etotal_arrivals\x18\x04 \x01(\x04\x12\x12\n\ntotal_keys\x18\x05 \x01(\r\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x12\x1a\n\x12untracked_arrivals\x18\x07 \x01(\x04\x12\x1a\n\x12mean_output_tokens\x18\x08 \x01(\x01\x12\x1a\n\x12\x63ompleted_requests\x18\t \x01(\x04\x12\x12\n\narrival_cv\x18\n \x01(\x01\x32\xfb\x01\n\tCollector\x12M\n\x0eReportArrivals\x12\x1b.cacheroute.v1.ArrivalBatch\x1a\x1c.cacheroute.v1.IngestSummary(\x01\x12R\n\x10ReportCacheStats\x12\x1e.cacheroute.v1.CacheStatsBatch\x1a\x1c.cacheroute.v1.IngestSummary(\x01\x12K\n\x08GetRates\x12\x1e.cacheroute.v1.GetRatesRequest\x1a\x1f.cacheroute.v1.GetRatesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,18 +35,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ARRIVAL']._serialized_end=169
   _globals['_ARRIVALBATCH']._serialized_start=171
   _globals['_ARRIVALBATCH']._serialized_end=261
-  _globals['_CACHESTAT']._serialized_start=263
-  _globals['_CACHESTAT']._serialized_end=358
-  _globals['_CACHESTATSBATCH']._serialized_start=360
-  _globals['_CACHESTATSBATCH']._serialized_end=452
-  _globals['_INGESTSUMMARY']._serialized_start=454
-  _globals['_INGESTSUMMARY']._serialized_end=574
-  _globals['_GETRATESREQUEST']._serialized_start=576
-  _globals['_GETRATESREQUEST']._serialized_end=632
-  _globals['_KEYRATESAMPLE']._serialized_start=634
-  _globals['_KEYRATESAMPLE']._serialized_end=732
-  _globals['_GETRATESRESPONSE']._serialized_start=735
-  _globals['_GETRATESRESPONSE']._serialized_end=934
-  _globals['_COLLECTOR']._serialized_start=937
-  _globals['_COLLECTOR']._serialized_end=1188
+  _globals['_CACHESTAT']._serialized_start=264
+  _globals['_CACHESTAT']._serialized_end=405
+  _globals['_CACHESTATSBATCH']._serialized_start=407
+  _globals['_CACHESTATSBATCH']._serialized_end=499
+  _globals['_INGESTSUMMARY']._serialized_start=501
+  _globals['_INGESTSUMMARY']._serialized_end=621
+  _globals['_GETRATESREQUEST']._serialized_start=623
+  _globals['_GETRATESREQUEST']._serialized_end=679
+  _globals['_KEYRATESAMPLE']._serialized_start=681
+  _globals['_KEYRATESAMPLE']._serialized_end=779
+  _globals['_GETRATESRESPONSE']._serialized_start=782
+  _globals['_GETRATESRESPONSE']._serialized_end=1057
+  _globals['_COLLECTOR']._serialized_start=1060
+  _globals['_COLLECTOR']._serialized_end=1311
 # @@protoc_insertion_point(module_scope)

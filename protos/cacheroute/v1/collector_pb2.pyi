@@ -33,16 +33,20 @@ class ArrivalBatch(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., source: _Optional[str] = ..., arrivals: _Optional[_Iterable[_Union[Arrival, _Mapping]]] = ...) -> None: ...
 
 class CacheStat(_message.Message):
-    __slots__ = ("replica_id", "prompt_tokens", "cached_tokens", "requests")
+    __slots__ = ("replica_id", "prompt_tokens", "cached_tokens", "requests", "completed", "completion_tokens")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     prompt_tokens: int
     cached_tokens: int
     requests: int
-    def __init__(self, replica_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., requests: _Optional[int] = ...) -> None: ...
+    completed: int
+    completion_tokens: int
+    def __init__(self, replica_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., requests: _Optional[int] = ..., completed: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class CacheStatsBatch(_message.Message):
     __slots__ = ("batch_id", "source", "stats")
@@ -89,7 +93,7 @@ class KeyRateSample(_message.Message):
     def __init__(self, key: _Optional[str] = ..., rate: _Optional[float] = ..., mean_prompt_tokens: _Optional[float] = ..., mean_prefix_tokens: _Optional[float] = ...) -> None: ...
 
 class GetRatesResponse(_message.Message):
-    __slots__ = ("snapshot_id", "window_seconds", "rates", "total_arrivals", "total_keys", "truncated", "untracked_arrivals")
+    __slots__ = ("snapshot_id", "window_seconds", "rates", "total_arrivals", "total_keys", "truncated", "untracked_arrivals", "mean_output_tokens", "completed_requests", "arrival_cv")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RATES_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +101,9 @@ class GetRatesResponse(_message.Message):
     TOTAL_KEYS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     UNTRACKED_ARRIVALS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_CV_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     window_seconds: float
     rates: _containers.RepeatedCompositeFieldContainer[KeyRateSample]
@@ -104,4 +111,7 @@ class GetRatesResponse(_message.Message):
     total_keys: int
     truncated: bool
     untracked_arrivals: int
-    def __init__(self, snapshot_id: _Optional[str] = ..., window_seconds: _Optional[float] = ..., rates: _Optional[_Iterable[_Union[KeyRateSample, _Mapping]]] = ..., total_arrivals: _Optional[int] = ..., total_keys: _Optional[int] = ..., truncated: _Optional[bool] = ..., untracked_arrivals: _Optional[int] = ...) -> None: ...
+    mean_output_tokens: float
+    completed_requests: int
+    arrival_cv: float
+    def __init__(self, snapshot_id: _Optional[str] = ..., window_seconds: _Optional[float] = ..., rates: _Optional[_Iterable[_Union[KeyRateSample, _Mapping]]] = ..., total_arrivals: _Optional[int] = ..., total_keys: _Optional[int] = ..., truncated: _Optional[bool] = ..., untracked_arrivals: _Optional[int] = ..., mean_output_tokens: _Optional[float] = ..., completed_requests: _Optional[int] = ..., arrival_cv: _Optional[float] = ...) -> None: ...

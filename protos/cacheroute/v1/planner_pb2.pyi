@@ -211,6 +211,48 @@ class GetPlannerStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class GetAdviceRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AdvicePoint(_message.Message):
+    __slots__ = ("replicas", "hit_rate", "ttft_p99", "meets_slo")
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P99_FIELD_NUMBER: _ClassVar[int]
+    MEETS_SLO_FIELD_NUMBER: _ClassVar[int]
+    replicas: int
+    hit_rate: float
+    ttft_p99: float
+    meets_slo: bool
+    def __init__(self, replicas: _Optional[int] = ..., hit_rate: _Optional[float] = ..., ttft_p99: _Optional[float] = ..., meets_slo: _Optional[bool] = ...) -> None: ...
+
+class CapacityAdvice(_message.Message):
+    __slots__ = ("recommended", "gauge", "slo_p99", "replicas", "points", "qps", "requests", "output_tokens", "output_measured", "arrival_cv", "computed_at")
+    RECOMMENDED_FIELD_NUMBER: _ClassVar[int]
+    GAUGE_FIELD_NUMBER: _ClassVar[int]
+    SLO_P99_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    QPS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_MEASURED_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_CV_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
+    recommended: int
+    gauge: int
+    slo_p99: float
+    replicas: int
+    points: _containers.RepeatedCompositeFieldContainer[AdvicePoint]
+    qps: float
+    requests: int
+    output_tokens: int
+    output_measured: bool
+    arrival_cv: float
+    computed_at: float
+    def __init__(self, recommended: _Optional[int] = ..., gauge: _Optional[int] = ..., slo_p99: _Optional[float] = ..., replicas: _Optional[int] = ..., points: _Optional[_Iterable[_Union[AdvicePoint, _Mapping]]] = ..., qps: _Optional[float] = ..., requests: _Optional[int] = ..., output_tokens: _Optional[int] = ..., output_measured: _Optional[bool] = ..., arrival_cv: _Optional[float] = ..., computed_at: _Optional[float] = ...) -> None: ...
+
 class PlannerStatus(_message.Message):
     __slots__ = ("planner_id", "leader", "lease_fencing_token", "active_version", "mode", "pinned_version", "mode_reason", "last_loop_at", "last_loop_outcome", "latest_version", "available_hit_rate", "achieved_hit_rate")
     PLANNER_ID_FIELD_NUMBER: _ClassVar[int]

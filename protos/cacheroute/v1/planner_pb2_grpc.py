@@ -100,6 +100,11 @@ class PlannerStub:
                 request_serializer=cacheroute_dot_v1_dot_planner__pb2.GetPlannerStatusRequest.SerializeToString,
                 response_deserializer=cacheroute_dot_v1_dot_planner__pb2.PlannerStatus.FromString,
                 _registered_method=True)
+        self.GetAdvice = channel.unary_unary(
+                '/cacheroute.v1.Planner/GetAdvice',
+                request_serializer=cacheroute_dot_v1_dot_planner__pb2.GetAdviceRequest.SerializeToString,
+                response_deserializer=cacheroute_dot_v1_dot_planner__pb2.CapacityAdvice.FromString,
+                _registered_method=True)
         self.ListEngines = channel.unary_unary(
                 '/cacheroute.v1.Planner/ListEngines',
                 request_serializer=cacheroute_dot_v1_dot_planner__pb2.ListEnginesRequest.SerializeToString,
@@ -216,6 +221,15 @@ class PlannerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAdvice(self, request, context):
+        """The capacity advisor's latest advice (services/planner/advisor.py), the one behind the
+        cacheroute_recommended_replicas gauge. FAILED_PRECONDITION when the planner runs without
+        --advise-slo-p99; NOT_FOUND before the first advice (no traffic yet, or the first interval).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListEngines(self, request, context):
         """The engine set (services/core/engines.py): every engine by slot with its state. Slots are
         never renumbered and ids never reused; dispatchers poll this (known_version) and follow it.
@@ -316,6 +330,11 @@ def add_PlannerServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=cacheroute_dot_v1_dot_planner__pb2.GetPlannerStatusRequest.FromString,
                     response_serializer=cacheroute_dot_v1_dot_planner__pb2.PlannerStatus.SerializeToString,
+            ),
+            'GetAdvice': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAdvice,
+                    request_deserializer=cacheroute_dot_v1_dot_planner__pb2.GetAdviceRequest.FromString,
+                    response_serializer=cacheroute_dot_v1_dot_planner__pb2.CapacityAdvice.SerializeToString,
             ),
             'ListEngines': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEngines,
@@ -689,6 +708,33 @@ class Planner:
             '/cacheroute.v1.Planner/GetStatus',
             cacheroute_dot_v1_dot_planner__pb2.GetPlannerStatusRequest.SerializeToString,
             cacheroute_dot_v1_dot_planner__pb2.PlannerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAdvice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cacheroute.v1.Planner/GetAdvice',
+            cacheroute_dot_v1_dot_planner__pb2.GetAdviceRequest.SerializeToString,
+            cacheroute_dot_v1_dot_planner__pb2.CapacityAdvice.FromString,
             options,
             channel_credentials,
             insecure,
