@@ -472,11 +472,21 @@ def _table_columns(plan: Plan) -> Columns:
         rows = list(table.values())
         counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         members = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(counts.sum()))
-        values = np.fromiter(map(rates.get, keys, itertools.repeat(0.0)), dtype=np.float64, count=len(keys))
+        values = _rates_in_order(rates, keys)
     if counts.size and int(counts.max()) > MAX_ROW:
         raise ValueError(f"a plan in columns puts a key on at most {MAX_ROW} replicas")
     return Columns(blob, lengths.astype(np.uint32, copy=False), counts.astype(np.uint8),
                    members.astype(np.uint16), values)
+
+
+def _rates_in_order(rates: Mapping[str, float], keys: list[str]) -> np.ndarray:
+    """The rate of each key (0.0 without one). Every builder writes a plan's rates in its
+    table's order, so when the two key lists are equal (a C-level compare, by identity for
+    the same str objects) the values are taken in order: a million lookups by key cost ~0.8
+    CPU s, the ordered pass ~0.06 s."""
+    if len(rates) == len(keys) and isinstance(rates, (dict, MappingProxyType)) and list(rates) == keys:
+        return np.fromiter(rates.values(), dtype=np.float64, count=len(keys))
+    return np.fromiter(map(rates.get, keys, itertools.repeat(0.0)), dtype=np.float64, count=len(keys))
 
 
 def plan_summary(plan: Plan, active: bool = False, pinned: bool = False) -> common_pb2.PlanSummary:
