@@ -94,7 +94,9 @@ async def closed_loop(session, url: str, bodies: list[bytes], concurrency: int) 
     return ttfb, errors
 
 
-def spawn_dispatcher(replicas: str, http_port: int, profile: str | None, uvloop: bool) -> subprocess.Popen:
+def spawn_dispatcher(replicas: str, http_port: int, profile: str | None, uvloop: bool,
+                     tree: Path = ROOT) -> subprocess.Popen:
+    """The dispatcher of the source tree `tree` (this one by default; --base: another checkout)."""
     cmd = [sys.executable]
     if profile:
         cmd += ["-m", "cProfile", "-o", profile]
@@ -102,7 +104,79 @@ def spawn_dispatcher(replicas: str, http_port: int, profile: str | None, uvloop:
             str(free_port()), "--http-port", str(http_port), "--replicas", replicas, "--engine-kind", "vllm",
             "--seed", "1", "--workers", "1"]
     env = {**os.environ, "CACHEROUTE_UVLOOP": "1" if uvloop else "0"}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if tree != ROOT:
+        env["PYTHONPATH"] = f"{tree}{os.pathsep}{tree / 'protos'}"
+    return subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def compare(args) -> dict:
+    """--base TREE: the dispatcher of TREE ("before") and of this tree ("after") side by side on
+    the same engines, in one run: `--blocks` rounds, each one block of `--requests` streamed
+    and one whole per dispatcher, the order alternating (AB, BA, ...) so drifts in the machine's
+    load fall on both alike. Per block: the dispatcher's CPU seconds over the block minus its
+    idle rate, per request."""
+    engines = [await FakeEngine("slow" if args.event_gap > 0 else "stream", events=args.events, chunk_bytes=24).start()
+               for _ in range(args.engines)]
+    for e in engines:
+        e.slow_seconds = args.event_gap
+    replicas = ",".join(f"e{i}=vllm+{e.url}" for i, e in enumerate(engines))
+    trees = {"before": Path(args.base).resolve(), "after": ROOT}
+    ports = {name: free_port() for name in trees}
+    procs = {name: spawn_dispatcher(replicas, ports[name], None, args.uvloop, tree) for name, tree in trees.items()}
+    prompts = system_prompts(args.tenants, *args.system_words, args.seed)
+    blocks: dict[tuple[str, bool], list[float]] = {}
+    idle: dict[str, float] = {}
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            for name in trees:
+                url = f"http://127.0.0.1:{ports[name]}"
+                await wait_healthy(session, url)
+                await closed_loop(session, url, [body(prompts, i, True) for i in range(50)], args.concurrency)
+            c0 = {n: cpu_seconds(p.pid) for n, p in procs.items()}
+            t0 = time.monotonic()
+            await asyncio.sleep(args.idle)
+            idle = {n: (cpu_seconds(p.pid) - c0[n]) / (time.monotonic() - t0) for n, p in procs.items()}
+            for b in range(args.blocks):
+                order = list(trees) if b % 2 == 0 else list(trees)[::-1]
+                for name in order:
+                    url, pid = f"http://127.0.0.1:{ports[name]}", procs[name].pid
+                    for stream in (True, False):
+                        for e in engines:
+                            e.mode = ("slow" if args.event_gap > 0 else "stream") if stream else "ok"
+                        bodies = [body(prompts, b * args.requests + i, stream) for i in range(args.requests)]
+                        cpu0, w0 = cpu_seconds(pid), time.monotonic()
+                        _, errors = await closed_loop(session, url, bodies, args.concurrency)
+                        cpu, wall = cpu_seconds(pid) - cpu0, time.monotonic() - w0
+                        if errors:
+                            raise RuntimeError(f"{name}: {errors} errors in a block")
+                        blocks.setdefault((name, stream), []).append(
+                            max(0.0, cpu - idle[name] * wall) / len(bodies) * 1e3)
+    finally:
+        for p in procs.values():
+            stop(p, grace=30.0)
+        for e in engines:
+            await e.stop()
+    return {"base": str(trees["before"]), "loadavg": os.getloadavg(), "idle": idle, "blocks": blocks,
+            "requests": args.requests, "event_gap": args.event_gap, "system_words": args.system_words,
+            "events": args.events, "concurrency": args.concurrency}
+
+
+def compare_table(doc: dict) -> str:
+    import statistics
+    load = " ".join(f"{x:.2f}" for x in doc["loadavg"])
+    gap = f" {doc['event_gap']:g} s apart" if doc["event_gap"] else ""
+    lines = [f"dispatcher CPU ms per request (CPU seconds, blocks of {doc['requests']} requests alternating "
+             f"before/after; load average {load} at the end), system prompts {doc['system_words'][0]}-"
+             f"{doc['system_words'][1]} words, {doc['events']} events{gap}, "
+             f"concurrency {doc['concurrency']}; before = {doc['base']}",
+             f"idle: before {doc['idle']['before']:.1%}, after {doc['idle']['after']:.1%} of a core",
+             f"{'phase':>8} {'before med (min-max)':>24} {'after med (min-max)':>24} {'after/before':>12}"]
+    for stream in (True, False):
+        b, a = doc["blocks"][("before", stream)], doc["blocks"][("after", stream)]
+        mb, ma = statistics.median(b), statistics.median(a)
+        lines.append(f"{'stream' if stream else 'whole':>8} {mb:>8.3f} ({min(b):.3f}-{max(b):.3f})   "
+                     f"{ma:>8.3f} ({min(a):.3f}-{max(a):.3f})   {ma / mb if mb else float('nan'):>10.2f}")
+    return "\n".join(lines)
 
 
 async def main(args) -> dict:
@@ -175,7 +249,15 @@ if __name__ == "__main__":
     parser.add_argument("--profile-out", help="keep the dispatcher's cProfile stats in this file")
     parser.add_argument("--no-uvloop", dest="uvloop", action="store_false")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--base", help="another source tree (e.g. `git archive main` unpacked): its dispatcher "
+                                       "against this one's, alternating blocks in one run")
+    parser.add_argument("--blocks", type=int, default=6, help="with --base: rounds of blocks")
+    parser.add_argument("--event-gap", type=float, default=0.0,
+                        help="seconds between a stream's events (0: back to back), as a real engine's tokens")
     args = parser.parse_args()
+    if args.base:
+        print(compare_table(asyncio.run(compare(args))))
+        sys.exit(0)
     result = asyncio.run(main(args))
     print(json.dumps(result, indent=2) if args.json else table(result))
     if result.get("profile"):

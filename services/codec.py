@@ -21,6 +21,8 @@ import functools
 import itertools
 import math
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -424,9 +426,34 @@ class Columns:
                    np.concatenate(rates))
 
 
+# The Columns of the last few plans, by identity (the plan itself held, so its id cannot be
+# reused): the planner computes them when it writes a plan (store.put_plan -> encode_plan)
+# and again for its watchers from the same object (the store hands back the plan it wrote);
+# for a dict table that is per-key work, ~0.8 CPU s at a million keys, now done once. Plans
+# are immutable, so a plan's columns never change.
+_COLUMNS: "OrderedDict[int, tuple[Plan, Columns]]" = OrderedDict()
+_COLUMNS_KEPT = 2
+_COLUMNS_LOCK = threading.Lock()
+
+
 def table_columns(plan: Plan) -> Columns:
     """The plan's table (and rates) as Columns; ValueError when a plan cannot be sent in
     columns (more than 65,535 replicas, or a key on more than 255)."""
+    with _COLUMNS_LOCK:
+        kept = _COLUMNS.get(id(plan))
+        if kept is not None and kept[0] is plan:
+            return kept[1]
+    cols = _table_columns(plan)
+    if len(cols) >= 1000:
+        with _COLUMNS_LOCK:
+            _COLUMNS[id(plan)] = (plan, cols)
+            _COLUMNS.move_to_end(id(plan))
+            while len(_COLUMNS) > _COLUMNS_KEPT:
+                _COLUMNS.popitem(last=False)
+    return cols
+
+
+def _table_columns(plan: Plan) -> Columns:
     table, rates = plan.table, plan.rates
     if len(plan.replica_ids) > MAX_REPLICAS:
         raise ValueError(f"a plan in columns lists at most {MAX_REPLICAS} replicas, this one {len(plan.replica_ids)}")
@@ -445,11 +472,21 @@ def table_columns(plan: Plan) -> Columns:
         rows = list(table.values())
         counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         members = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(counts.sum()))
-        values = np.fromiter(map(rates.get, keys, itertools.repeat(0.0)), dtype=np.float64, count=len(keys))
+        values = _rates_in_order(rates, keys)
     if counts.size and int(counts.max()) > MAX_ROW:
         raise ValueError(f"a plan in columns puts a key on at most {MAX_ROW} replicas")
     return Columns(blob, lengths.astype(np.uint32, copy=False), counts.astype(np.uint8),
                    members.astype(np.uint16), values)
+
+
+def _rates_in_order(rates: Mapping[str, float], keys: list[str]) -> np.ndarray:
+    """The rate of each key (0.0 without one). Every builder writes a plan's rates in its
+    table's order, so when the two key lists are equal (a C-level compare, by identity for
+    the same str objects) the values are taken in order: a million lookups by key cost ~0.8
+    CPU s, the ordered pass ~0.06 s."""
+    if len(rates) == len(keys) and isinstance(rates, (dict, MappingProxyType)) and list(rates) == keys:
+        return np.fromiter(rates.values(), dtype=np.float64, count=len(keys))
+    return np.fromiter(map(rates.get, keys, itertools.repeat(0.0)), dtype=np.float64, count=len(keys))
 
 
 def plan_summary(plan: Plan, active: bool = False, pinned: bool = False) -> common_pb2.PlanSummary:

@@ -27,10 +27,13 @@ from services.backends.base import Deadlines, EngineError, Reply
 
 # the end of an SSE event: a blank line, with any of the spec's line endings (LF, CRLF, CR)
 EVENT_END = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
 def last_event_end(data: bytes) -> int:
     """The offset just past the last complete SSE event in `data`; -1 if there is none."""
+    if data.endswith(_EVENT_ENDS):      # the usual block: whole events (one endswith, no three scans)
+        return len(data)
     ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r") if (at := data.rfind(sep)) >= 0]
     return max(ends) if ends else -1
 

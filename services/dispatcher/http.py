@@ -119,6 +119,9 @@ class HttpConfig:
         return Deadlines(connect=self.connect_timeout, first_byte=self.first_byte_timeout, idle=self.upstream_timeout)
 
 
+WRITE_MARGIN = 4096      # bytes a write may add beyond the block (chunk framing, buffered headers)
+
+
 class _ClientGone(Exception):
     """Writing to the client failed (it reset or closed) or timed out: never the engine's failure."""
 
@@ -316,7 +319,15 @@ class FrontDoor:
         return resp
 
     async def _to_client(self, request: web.Request, resp: web.StreamResponse, data: bytes) -> None:
+        transport = request.transport
         try:
+            # A write waits only while the transport is paused (its buffer past the high-water
+            # mark): when it is not, and this block cannot push it there, the write cannot block
+            # and needs no deadline (a timer armed and cancelled per relayed block otherwise).
+            if transport is not None and not request.protocol.writing_paused and \
+                    transport.get_write_buffer_size() + len(data) + WRITE_MARGIN < transport.get_write_buffer_limits()[1]:
+                await resp.write(data)
+                return
             async with asyncio.timeout(self.config.client_write_timeout):
                 await resp.write(data)
         except TimeoutError:

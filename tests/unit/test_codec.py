@@ -104,3 +104,23 @@ def test_unbounded_shadow_p99_survives_json():
     plan = Plan(1, 0, 0.0, ("a",), 10.0, 4, {"k": (0,)}, {"k": 1.0}, (1.0,), 1.0, 1, 1, 1.0, shadow=shadow)
     back = plan_from_json(plan_to_json(plan)).shadow
     assert back.candidate_ttft_p99 == float("inf") and back.flat_ttft_p99 == 2.5 and back.reason == "inf"
+
+
+def test_a_plans_columns_are_computed_once_per_plan_object():
+    """The planner writes a plan (encode_plan computes its columns) and then sends the same
+    object to its watchers: the second table_columns is the first one's result. A plan
+    derived from it (dataclasses.replace) gets columns of its own table."""
+    from services import codec
+    from services.store.keys import decode_plan, encode_plan
+
+    keys = [f"key-{i}" for i in range(3000)]
+    plan = build_plan(keys, [1.0 + i % 5 for i in range(3000)], ("a", "b", "c"), q_cap=1e6, warm_slots=3000)
+    blob = encode_plan(plan)
+    cols = codec.table_columns(plan)
+    assert codec.table_columns(plan) is cols
+    assert decode_plan(blob).table == plan.table
+    first = keys[0]
+    other = dataclasses.replace(plan, table={**plan.table, first: (2,) if plan.table[first] != (2,) else (1,)})
+    theirs = codec.table_columns(other)
+    assert theirs is not cols and theirs.members.tolist() != cols.members.tolist()
+    assert codec.table_columns(plan) is cols

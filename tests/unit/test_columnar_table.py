@@ -117,3 +117,80 @@ def test_the_router_installs_a_columnar_plan_reindexed_in_one_swap():
     assert router.policy is same and router.flat and router.route("key-1", 0.0).reason == Reason.FALLBACK
     msg = codec.plan_to_proto(router.plan, columnar=True)
     assert codec.plan_from_proto(msg).table == plan.table
+
+
+def test_the_range_index_and_hashes_match_their_definitions():
+    """Hashes are Python's hash() of each key (NUL-free keys go through the joined split,
+    a key with a NUL byte through per-key slicing), and buckets[k] counts the sorted hashes
+    below range k of the hash space, for tables of every size class."""
+    for n, nul in ((1, False), (3, True), (1000, False), (70_000, False), (70_000, True)):
+        d = sample(n, seed=n)
+        if nul:
+            d["with\0nul"] = (0,)
+        t = ColumnarTable.from_mapping(d, 7)
+        assert sorted(t.row_hashes().tolist()) == sorted(hash(k) for k in d)
+        assert t.row_hashes().tolist() == [hash(k) for k in d]
+        bits = 64 - t._shift
+        edges = ((np.arange(1 << bits, dtype=np.uint64) << np.uint64(t._shift)) ^ np.uint64(1 << 63)).view(np.int64)
+        assert t._buckets.tolist() == np.append(np.searchsorted(t._hashes, edges), len(d)).tolist()
+        for k in list(d)[:: max(1, n // 500)]:
+            assert t.get(k) == d[k]
+
+
+def _python_calls(fn, *args) -> tuple[int, object]:
+    """Python-level calls (functions, generator steps) made while running fn(*args)."""
+    import sys
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        if event == "call":
+            calls += 1
+    sys.setprofile(count)
+    try:
+        out = fn(*args)
+    finally:
+        sys.setprofile(None)
+    return calls, out
+
+
+def test_installing_a_columnar_plan_runs_no_python_per_key():
+    """Decoding a plan's columns and preparing it for routing cost as many Python calls at
+    50,000 keys as at 5,000 (the policy's ring and per-chunk steps are fixed costs), not one
+    or more per key: the policy's row check used to walk every row as a tuple (a generator
+    step per key, ~0.6 CPU s at a million keys)."""
+    from services import codec
+    from services.core.plan import Plan
+    from services.dispatcher.router import Router
+    from services.model import Replica
+
+    ids = tuple(f"r{i}" for i in range(8))
+    calls = {}
+    for n in (5_000, 50_000):
+        table = {f"tenant-{i}": (i % 8, (i + 3) % 8) if i % 7 == 0 else (i % 8,) for i in range(n)}
+        plan = Plan(version=3, parent_version=0, created_at=1.0, replica_ids=ids, q_cap=10.0, warm_slots=n,
+                    table=table, rates={k: 1.0 for k in table}, expected_load=(1.0,) * 8, predicted_imbalance=1.0,
+                    total_keys=n, admitted_keys=n, admitted_rate_share=1.0)
+        msg = codec.plan_to_proto(plan, columnar=True)
+        decode_calls, got = _python_calls(codec.plan_from_slices, [msg], True)
+        router = Router([Replica(r, f"127.0.0.1:{i + 1}") for i, r in enumerate(ids)], seed=1)
+        prepare_calls, prepared = _python_calls(router.prepare, got)
+        router.install(prepared, flat=False, source="test")
+        assert router.plan.table == table
+        calls[n] = (decode_calls, prepare_calls)
+    (d5, p5), (d50, p50) = calls[5_000], calls[50_000]
+    assert d50 - d5 < 200 and p50 - p5 < 200, calls
+
+
+def test_the_policy_check_names_a_key_outside_the_replicas():
+    from services.core.policies.cacheroute import CacheRoutePolicy
+    from services.core.plan import Plan
+
+    t = ColumnarTable.from_mapping({"a": (0,), "b": (1, 4), "c": (2,)}, 5)
+    plan = Plan(version=1, parent_version=0, created_at=0.0, replica_ids=tuple("vwxyz"), q_cap=1.0, warm_slots=3,
+                table=t, rates={}, expected_load=(0.0,) * 5, predicted_imbalance=1.0, total_keys=3, admitted_keys=3,
+                admitted_rate_share=1.0)
+    policy = CacheRoutePolicy(4, rng=random.Random(0))
+    with pytest.raises(ValueError, match=r"plan maps key 'b' to \[1, 4\], outside 0..3"):
+        policy.set_plan(plan)
+    CacheRoutePolicy(5, rng=random.Random(0)).set_plan(plan)

@@ -70,10 +70,13 @@ import random
 from itertools import compress
 from typing import Mapping
 
+import numpy as np
+
 from services.core.policies._common import Ring, least_loaded, p2c
 from services.core.policy import ClusterState, NoHealthyReplica, Pick, Reason
 from services.core.prefixes import NODE_DEPTHS, NODE_SHARE, parse_node_name
 from services.core.request import BLOCK_TOKENS, Request
+from services.core.table import ColumnarTable
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL
 
 BALANCES = ("requests", "tokens")
@@ -83,6 +86,24 @@ SPILL_COST = 2.0
 SPILL_BACKLOG = 8192
 MEMORY_KEYS = 1 << 16
 HOLD = False
+
+
+def _check_members(table: Mapping[str, tuple[int, ...]], replicas: int) -> None:
+    """Every row names at least one replica, all below `replicas` (ValueError naming a key).
+    A ColumnarTable holds non-empty rows of uint16 indices by construction, so one max over
+    its members array checks it: no Python per key (a million-key install spent ~0.6 CPU s
+    here walking the rows as tuples)."""
+    if isinstance(table, ColumnarTable):
+        members = table.members
+        if not members.size or int(members.max()) < replicas:
+            return
+        bad = int(np.flatnonzero(members >= replicas)[0])
+        row = int(np.searchsorted(table.row_offsets, bad, side="right")) - 1
+        key = table.key_at(row)
+        raise ValueError(f"plan maps key {key!r} to {list(table[key])}, outside 0..{replicas - 1}")
+    for key, members in table.items():
+        if not members or min(members) < 0 or max(members) >= replicas:
+            raise ValueError(f"plan maps key {key!r} to {members}, outside 0..{replicas - 1}")
 
 
 class CacheRoutePolicy:
@@ -135,9 +156,7 @@ class CacheRoutePolicy:
 
     def set_plan(self, plan) -> None:
         table = self.table_from(plan) if plan is not None else {}
-        for key, members in table.items():
-            if not members or min(members) < 0 or max(members) >= self.replicas:
-                raise ValueError(f"plan maps key {key!r} to {members}, outside 0..{self.replicas - 1}")
+        _check_members(table, self.replicas)
         nodes: dict[int, tuple[int, ...]] = {}
         depths: set[int] = set()
         if plan is not None and self.prefix:
