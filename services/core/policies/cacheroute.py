@@ -70,6 +70,8 @@ import random
 from itertools import compress
 from typing import Mapping
 
+from collections import OrderedDict
+
 from services.core.policies._common import Ring, least_loaded, p2c
 from services.core.policy import ClusterState, NoHealthyReplica, Pick, Reason
 from services.core.prefixes import NODE_DEPTHS, NODE_SHARE, parse_node_name
@@ -83,6 +85,7 @@ SPILL_COST = 2.0
 SPILL_BACKLOG = 8192
 MEMORY_KEYS = 1 << 16
 HOLD = False
+COLD_HOMES = (None, "index", "oracle")
 
 
 class CacheRoutePolicy:
@@ -93,7 +96,7 @@ class CacheRoutePolicy:
                  spill_floor: int = SPILL_FLOOR, prefix: bool = False, balance: str = "requests",
                  reuse_weight: float = 1.0, spill_cost: float | None = SPILL_COST,
                  spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS, hold: bool = HOLD,
-                 hold_backlog: int | None = None, hold_spill: bool = True):
+                 hold_backlog: int | None = None, hold_spill: bool = True, cold_home: str | None = None):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
@@ -113,6 +116,10 @@ class CacheRoutePolicy:
         self.hold = hold
         self.hold_backlog = hold_backlog
         self.hold_spill = hold_spill
+        if cold_home not in COLD_HOMES:
+            raise ValueError(f"unknown cold_home {cold_home!r}; valid: {', '.join(map(str, COLD_HOMES))}")
+        self.cold_home = cold_home
+        self._index: BlockLRU | None = None      # cold_home "index": the blocks routed to each replica
         self._seen: dict[str, int] = {}          # key -> replica of its latest request (two generations)
         self._seen_old: dict[str, int] = {}
         self._spill_ring = Ring(replicas)
@@ -162,6 +169,14 @@ class CacheRoutePolicy:
     def pick(self, request: Request, state: ClusterState) -> Pick:
         if self.flat_fallback:
             return Pick(p2c(self._rng, state), Reason.FALLBACK)
+        if self.cold_home == "index":
+            pick = self._pick_held(request, state)
+            if pick.reason != Reason.HOLD and self._index is not None:
+                self._index.insert(pick.replica, request.blocks)
+            return pick
+        return self._pick_held(request, state)
+
+    def _pick_held(self, request: Request, state: ClusterState) -> Pick:
         if not self.hold or not state.kv_blocks:
             return self._choose(request, state)
         seen = self.remembered(request.key)      # before the pick remembers itself
@@ -186,6 +201,10 @@ class CacheRoutePolicy:
         best = least_loaded(members, state)
         if best is None:
             return Pick(p2c(self._rng, state), Reason.FALLBACK)
+        if self.cold_home:
+            moved = self._off_cold_home(request, best, members, state)
+            if moved is not None:
+                return moved
         c = self.balance_factor
         if c is None:
             return Pick(self._remember(request.key, best), Reason.PLANNED)
@@ -199,6 +218,47 @@ class CacheRoutePolicy:
         if not self._pays(best, target, request, state):
             return Pick(self._remember(request.key, best), Reason.PLANNED)
         return Pick(self._remember(request.key, target), Reason.FALLBACK)
+
+    def _off_cold_home(self, request: Request, best: int, members, state: ClusterState) -> Pick | None:
+        """The planned member does not hold the request's prefix (evicted): its prefill costs the
+        same anywhere, so go where the prefix is cached among the key's members and first two ring
+        replicas, else to the one of them with the least queued prefill. None: home holds it."""
+        pre = request.prefix_tokens // BLOCK_TOKENS
+        match = self._matcher(state)
+        if match is None or pre < 1 or len(request.blocks) < pre:
+            return None
+        blocks = request.blocks[:pre]
+        half = (pre + 1) // 2
+        if match(best, blocks) >= half:
+            return None
+        healthy = state.healthy
+        cands = [m for m in members if healthy[m]]
+        for r in self._spill_ring.walk(request.key):
+            if healthy[r] and r not in cands:
+                cands.append(r)
+                if len(cands) >= len(members) + 2:
+                    break
+        warm = [r for r in cands if match(r, blocks) >= half]
+        backlog, load = state.prefill_tokens, state.in_flight
+        pool = warm or cands
+        pick = min(pool, key=lambda r: (backlog[r], load[r], r != best))
+        if pick == best:
+            return Pick(self._remember(request.key, best), Reason.PLANNED)
+        return Pick(self._remember(request.key, pick), Reason.FALLBACK)
+
+    def _matcher(self, state: ClusterState):
+        """(replica, blocks) -> cached leading blocks, for `_off_cold_home`: the engines' exact
+        caches ("oracle", when the state has them), else this policy's record of the blocks it
+        routed to each replica, an LRU of the smallest replica's KV pool (`BlockLRU`); None while
+        no pool size is known."""
+        if self.cold_home == "oracle" and state.prefix_match is not None:
+            return state.prefix_match
+        if self._index is None:
+            pools = [b for b in state.kv_blocks if b > 0]
+            if len(pools) < len(state.kv_blocks) or not pools:
+                return None
+            self._index = BlockLRU(self.replicas, min(pools))
+        return self._index.match
 
     def _room(self, r: int, request: Request, state: ClusterState, seen: int | None) -> bool:
         """Whether replica r takes `request` without overcommitting its KV (the hold rule of the
@@ -436,6 +496,41 @@ class CacheRoutePolicy:
             if healthy[r] and load[r] + 1 <= bound:
                 return r
         return least_loaded(range(len(load)), state)      # unreachable for c >= 1
+
+
+class BlockLRU:
+    """Per replica, the latest `capacity` distinct block hashes routed there, least recently
+    routed evicted first: what a prefix cache of that many blocks under LRU holds if it serves
+    only this router's requests. A chain is touched last block first, so its head is the most
+    recent and, as in vLLM (which frees a finished request's blocks tail first), a chain loses
+    its tail before its head: what is left of it stays a prefix."""
+
+    def __init__(self, replicas: int, capacity: int):
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1 block")
+        self.capacity = capacity
+        self._lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
+
+    def insert(self, replica: int, blocks) -> None:
+        lru = self._lru[replica]
+        move = lru.move_to_end
+        for b in reversed(blocks):
+            if b in lru:
+                move(b)
+            else:
+                lru[b] = None
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
+
+    def match(self, replica: int, blocks) -> int:
+        """Leading blocks of `blocks` held for `replica`."""
+        lru = self._lru[replica]
+        n = 0
+        for b in blocks:
+            if b not in lru:
+                break
+            n += 1
+        return n
 
 
 PREFIX_KNOBS = {"prefix": True, "balance": "tokens", "balance_factor": None, "reuse_weight": 4.0}
