@@ -85,6 +85,7 @@ SPILL_COST = 2.0
 SPILL_BACKLOG = 8192
 MEMORY_KEYS = 1 << 16
 HOLD = False
+COLD_HOME = "index"
 COLD_HOMES = (None, "index", "oracle")
 
 
@@ -96,7 +97,7 @@ class CacheRoutePolicy:
                  spill_floor: int = SPILL_FLOOR, prefix: bool = False, balance: str = "requests",
                  reuse_weight: float = 1.0, spill_cost: float | None = SPILL_COST,
                  spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS, hold: bool = HOLD,
-                 hold_backlog: int | None = None, hold_spill: bool = True, cold_home: str | None = None):
+                 hold_backlog: int | None = None, hold_spill: bool = True, cold_home: str | None = COLD_HOME):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
