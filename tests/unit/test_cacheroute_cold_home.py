@@ -9,7 +9,7 @@ import pytest
 
 from services.core.policies import make_policy
 from services.core.policies._common import Ring
-from services.core.policies.cacheroute import COLD_HOME, BlockLRU
+from services.core.policies.cacheroute import COLD_HOME, BlockLRU, KeyLRU
 from services.core.policy import Reason
 from tests.unit.test_policies_rules import R, make_plan, request, state_with
 
@@ -109,3 +109,30 @@ def test_block_lru_evicts_the_least_recently_routed_and_a_chain_loses_its_tail_f
     assert lru.match(1, (1,)) == 0          # per replica
     with pytest.raises(ValueError):
         BlockLRU(2, 0)
+
+
+@pytest.mark.parametrize("rule", ["index", "keys"])
+def test_without_block_hashes_the_rule_keeps_keys(rule):
+    """The HTTP API sends no block hashes: "index" then records keys by their prompt tokens."""
+    p = make_policy("cacheroute", R, cold_home=rule)
+    p.set_plan(make_plan({"a": (2,), "b": (2,), "c": (2,)}))
+    s = cluster()
+    for key in ("a", "b", "c"):                  # 3 x 400 tokens = 75 blocks > the pool of 64
+        assert p.pick(request(key, prompt=400), s) == (2, Reason.PLANNED)
+    assert isinstance(p._index, KeyLRU)
+    s.prefill_tokens[:] = [0] * R
+    s.prefill_tokens[2] = 6000
+    pick = p.pick(request("a", prompt=400), s)
+    assert pick.reason is Reason.FALLBACK and pick.replica != 2
+    assert p.pick(request("c", prompt=400), s) == (2, Reason.PLANNED)     # still held at home
+
+
+def test_key_lru_weighs_keys_by_their_tokens():
+    lru = KeyLRU(1, 10)                          # 160 tokens
+    lru.insert(0, "a", 100)
+    lru.insert(0, "b", 50)
+    lru.insert(0, "a", 100)                      # touched: "b" is now the oldest
+    lru.insert(0, "c", 20)                       # 170 tokens: the oldest, "b", goes
+    assert [lru.holds(0, k) for k in "abc"] == [True, False, True]
+    lru.insert(0, "d", 500)                      # larger than the pool: kept alone
+    assert [lru.holds(0, k) for k in "abcd"] == [False, False, False, True]

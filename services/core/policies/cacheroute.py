@@ -86,7 +86,7 @@ SPILL_BACKLOG = 8192
 MEMORY_KEYS = 1 << 16
 HOLD = False
 COLD_HOME = "index"
-COLD_HOMES = (None, "index", "oracle")
+COLD_HOMES = (None, "index", "keys", "oracle")
 
 
 class CacheRoutePolicy:
@@ -120,7 +120,7 @@ class CacheRoutePolicy:
         if cold_home not in COLD_HOMES:
             raise ValueError(f"unknown cold_home {cold_home!r}; valid: {', '.join(map(str, COLD_HOMES))}")
         self.cold_home = cold_home
-        self._index: BlockLRU | None = None      # cold_home "index": the blocks routed to each replica
+        self._index: BlockLRU | KeyLRU | None = None   # what this policy routed to each replica (cold_home)
         self._seen: dict[str, int] = {}          # key -> replica of its latest request (two generations)
         self._seen_old: dict[str, int] = {}
         self._spill_ring = Ring(replicas)
@@ -170,10 +170,14 @@ class CacheRoutePolicy:
     def pick(self, request: Request, state: ClusterState) -> Pick:
         if self.flat_fallback:
             return Pick(p2c(self._rng, state), Reason.FALLBACK)
-        if self.cold_home == "index":
+        if self.cold_home in ("index", "keys"):
             pick = self._pick_held(request, state)
-            if pick.reason != Reason.HOLD and self._index is not None:
-                self._index.insert(pick.replica, request.blocks)
+            index = self._index
+            if pick.reason != Reason.HOLD and index is not None:
+                if isinstance(index, BlockLRU):
+                    index.insert(pick.replica, request.blocks)
+                else:
+                    index.insert(pick.replica, request.key, request.prompt_tokens)
             return pick
         return self._pick_held(request, state)
 
@@ -224,13 +228,8 @@ class CacheRoutePolicy:
         """The planned member does not hold the request's prefix (evicted): its prefill costs the
         same anywhere, so go where the prefix is cached among the key's members and first two ring
         replicas, else to the one of them with the least queued prefill. None: home holds it."""
-        pre = request.prefix_tokens // BLOCK_TOKENS
-        match = self._matcher(state)
-        if match is None or pre < 1 or len(request.blocks) < pre:
-            return None
-        blocks = request.blocks[:pre]
-        half = (pre + 1) // 2
-        if match(best, blocks) >= half:
+        holds = self._holds(request, state)
+        if holds is None or holds(best):
             return None
         healthy = state.healthy
         cands = [m for m in members if healthy[m]]
@@ -239,7 +238,7 @@ class CacheRoutePolicy:
                 cands.append(r)
                 if len(cands) >= len(members) + 2:
                     break
-        warm = [r for r in cands if match(r, blocks) >= half]
+        warm = [r for r in cands if holds(r)]
         backlog, load = state.prefill_tokens, state.in_flight
         pool = warm or cands
         pick = min(pool, key=lambda r: (backlog[r], load[r], r != best))
@@ -247,19 +246,40 @@ class CacheRoutePolicy:
             return Pick(self._remember(request.key, best), Reason.PLANNED)
         return Pick(self._remember(request.key, pick), Reason.FALLBACK)
 
-    def _matcher(self, state: ClusterState):
-        """(replica, blocks) -> cached leading blocks, for `_off_cold_home`: the engines' exact
-        caches ("oracle", when the state has them), else this policy's record of the blocks it
-        routed to each replica, an LRU of the smallest replica's KV pool (`BlockLRU`); None while
-        no pool size is known."""
-        if self.cold_home == "oracle" and state.prefix_match is not None:
-            return state.prefix_match
+    def _holds(self, request: Request, state: ClusterState):
+        """replica -> whether it still caches at least half of the request's reusable prefix, for
+        `_off_cold_home`: by the engines' exact caches ("oracle", when the state has them), else by
+        this policy's record of what it routed to each replica, an LRU the size of the smallest
+        replica's KV pool: of block hashes ("index", `BlockLRU`) or of keys weighted by their
+        prompt tokens ("keys", `KeyLRU`: what "index" keeps when the first request it records
+        carries no block hashes, as the HTTP API's do not). None when it cannot tell (no pool size
+        known)."""
+        mode = self.cold_home
+        if mode == "index":
+            kind = type(self._index) if self._index is not None else BlockLRU if request.blocks else KeyLRU
+            mode = "keys" if kind is KeyLRU else mode
+        if mode == "keys":
+            index = self._lru(state, KeyLRU)
+            return None if index is None else (lambda r: index.holds(r, request.key))
+        pre = request.prefix_tokens // BLOCK_TOKENS
+        if pre < 1 or len(request.blocks) < pre:
+            return None
+        blocks, half = request.blocks[:pre], (pre + 1) // 2
+        match = state.prefix_match if mode == "oracle" else None
+        if match is None:
+            index = self._lru(state, BlockLRU)
+            if index is None:
+                return None
+            match = index.match
+        return lambda r: match(r, blocks) >= half
+
+    def _lru(self, state: ClusterState, kind):
         if self._index is None:
             pools = [b for b in state.kv_blocks if b > 0]
             if len(pools) < len(state.kv_blocks) or not pools:
                 return None
-            self._index = BlockLRU(self.replicas, min(pools))
-        return self._index.match
+            self._index = kind(self.replicas, min(pools))
+        return self._index
 
     def _room(self, r: int, request: Request, state: ClusterState, seen: int | None) -> bool:
         """Whether replica r takes `request` without overcommitting its KV (the hold rule of the
@@ -532,6 +552,32 @@ class BlockLRU:
                 break
             n += 1
         return n
+
+
+class KeyLRU:
+    """Per replica, the latest keys routed there whose prompt tokens sum to at most `capacity`
+    blocks' worth, least recently routed evicted first: `BlockLRU` for keys whose prompts share
+    nothing across keys (the key stands for its prefix; a shared prefix is counted once per key,
+    so this errs towards "evicted")."""
+
+    def __init__(self, replicas: int, capacity: int):
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1 block")
+        self.capacity = capacity * BLOCK_TOKENS
+        self._lru: list[OrderedDict[str, int]] = [OrderedDict() for _ in range(replicas)]
+        self._tokens = [0] * replicas
+
+    def insert(self, replica: int, key: str, tokens: int) -> None:
+        lru = self._lru[replica]
+        old = lru.pop(key, 0)
+        lru[key] = tokens
+        total = self._tokens[replica] + tokens - old
+        while total > self.capacity and len(lru) > 1:
+            total -= lru.popitem(last=False)[1]
+        self._tokens[replica] = total
+
+    def holds(self, replica: int, key: str) -> bool:
+        return key in self._lru[replica]
 
 
 PREFIX_KNOBS = {"prefix": True, "balance": "tokens", "balance_factor": None, "reuse_weight": 4.0}
