@@ -136,3 +136,25 @@ def test_key_lru_weighs_keys_by_their_tokens():
     assert [lru.holds(0, k) for k in "abc"] == [True, False, True]
     lru.insert(0, "d", 500)                      # larger than the pool: kept alone
     assert [lru.holds(0, k) for k in "abcd"] == [False, False, False, True]
+
+
+def test_the_record_outlives_a_plan_install():
+    """A dispatcher builds a policy per plan (carry_memory): what it routed stays known, so a key
+    still cached at home stays there; a fresh record (a restarted dispatcher) knows nothing and
+    leaves planned keys home until it has evicted something there."""
+    p = make_policy("cacheroute", R)
+    p.set_plan(make_plan({"a": (2,), "b": (2,), "c": (2,), "d": (2,)}))
+    s = cluster()
+    evict_a_from_home(p, s)                                  # home's record is full: "a" went
+    assert p.pick(request("d", blocks(4, 10)), s) == (2, Reason.PLANNED)
+    s.prefill_tokens[:] = [0] * R
+    s.prefill_tokens[2] = 6000
+    for carried in (True, False):
+        q = make_policy("cacheroute", R)
+        q.set_plan(make_plan({"a": (2,), "d": (2,)}))
+        if carried:
+            q.carry_memory(p)
+            assert q.pick(request("d", blocks(4, 10)), s) == (2, Reason.PLANNED)   # recorded there
+            assert q.pick(request("a", blocks(1)), s).replica != 2                  # evicted there
+        else:
+            assert q.pick(request("a", blocks(1)), s) == (2, Reason.PLANNED)        # nothing known

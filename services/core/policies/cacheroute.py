@@ -39,6 +39,22 @@ first keeps dispatchers agreeing at low load; the planner admits a key where tel
 it served (services.core.replan.served_homes), so admission moves nothing. The memory is
 per dispatcher and soft: lost on restart, it costs at most one move per key.
 
+Cold home (`cold_home`, default "index"; issue 24 (d)): a planned key whose member no longer
+holds its prefix is a cold prefill wherever it goes, so queueing it at home buys nothing. Before
+the guard, if the least-loaded member does not cache at least half the request's reusable prefix,
+the request goes to a replica that does among the key's members and its first two ring replicas,
+else to the one of them with the least queued prefill (the home on a tie), as FALLBACK when it is
+not the home. What a replica caches is this policy's record of what it routed there: an LRU the
+size of the smallest replica's KV pool (`ClusterState.kv_blocks`; unknown: the rule is off) of
+block hashes (`BlockLRU`) or, for requests without block hashes (the HTTP API), of keys weighted
+by their prompt tokens (`KeyLRU`). Until that record has evicted something from the home, a
+key missing there was only never seen by this instance (a restarted dispatcher), so it stays; "oracle" reads the engines' caches where the state has them
+(the simulator), None turns the rule off. Measured (docs/experiments.md, "Drift in the
+engine-bound regime"): after a popularity shift the newly hot tenants' prefixes have been evicted
+from their homes, their first requests arrive together and queued there behind each other (the
+drift point's p99); with the rule they spread over the key's ring and the next request follows
+the prefix.
+
 Knobs: `cold` = "chwbl" (default: the session-aware cold tail, consistent hashing with
 bounded loads, so a recurring cold key tends to return to the replica that has its prefix;
 its bound has the same `spill_floor` as the planned path, see `_cold`)
@@ -170,7 +186,7 @@ class CacheRoutePolicy:
     def pick(self, request: Request, state: ClusterState) -> Pick:
         if self.flat_fallback:
             return Pick(p2c(self._rng, state), Reason.FALLBACK)
-        if self.cold_home in ("index", "keys"):
+        if self.cold_home is not None:
             pick = self._pick_held(request, state)
             index = self._index
             if pick.reason != Reason.HOLD and index is not None:
@@ -231,6 +247,9 @@ class CacheRoutePolicy:
         holds = self._holds(request, state)
         if holds is None or holds(best):
             return None
+        index = self._index
+        if index is not None and not index.full[best]:
+            return None     # this record has evicted nothing there yet: absence is not eviction
         healthy = state.healthy
         cands = [m for m in members if healthy[m]]
         for r in self._spill_ring.walk(request.key):
@@ -360,6 +379,8 @@ class CacheRoutePolicy:
         only ever grow, so a memory of fewer replicas stays valid)."""
         if isinstance(other, CacheRoutePolicy) and other.replicas <= self.replicas:
             self._seen, self._seen_old = other._seen, other._seen_old
+            if other.replicas == self.replicas and other.cold_home == self.cold_home:
+                self._index = other._index      # what each replica caches outlives the plan too
 
     def _pick_tokens(self, request, state: ClusterState) -> Pick:
         """balance="tokens": the home set H is the key's planned members, else the members of the
@@ -531,6 +552,7 @@ class BlockLRU:
             raise ValueError("capacity must be >= 1 block")
         self.capacity = capacity
         self._lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
+        self.full = [False] * replicas       # per replica: the record has evicted something
 
     def insert(self, replica: int, blocks) -> None:
         lru = self._lru[replica]
@@ -542,6 +564,7 @@ class BlockLRU:
                 lru[b] = None
         while len(lru) > self.capacity:
             lru.popitem(last=False)
+            self.full[replica] = True
 
     def match(self, replica: int, blocks) -> int:
         """Leading blocks of `blocks` held for `replica`."""
@@ -566,6 +589,7 @@ class KeyLRU:
         self.capacity = capacity * BLOCK_TOKENS
         self._lru: list[OrderedDict[str, int]] = [OrderedDict() for _ in range(replicas)]
         self._tokens = [0] * replicas
+        self.full = [False] * replicas       # per replica: the record has evicted something
 
     def insert(self, replica: int, key: str, tokens: int) -> None:
         lru = self._lru[replica]
@@ -574,6 +598,7 @@ class KeyLRU:
         total = self._tokens[replica] + tokens - old
         while total > self.capacity and len(lru) > 1:
             total -= lru.popitem(last=False)[1]
+            self.full[replica] = True
         self._tokens[replica] = total
 
     def holds(self, replica: int, key: str) -> bool:
