@@ -440,10 +440,7 @@ class Simulator:
             self._slices.append((self._counted_since, counts))
             while self._slices and self._slices[0][0] < t - cfg.rate_window - 1e-9:
                 self._slices.popleft()
-            window = t - self._slices[0][0]
-            counts = Counter()
-            for _, c in self._slices:
-                counts.update(c)
+            window, counts = t - self._slices[0][0], sum((c for _, c in self._slices), Counter())
         self._counted_since = t
         if self._history is not None:
             self._history = self._history.fold(counts, window)
