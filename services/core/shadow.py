@@ -75,6 +75,11 @@ class ShadowConfig:
     default_output_tokens: int = 192
     cold: str = DEFAULT_COLD_TAIL                  # the candidate's cold-tail policy (as live dispatchers)
     balance_factor: float | None = BALANCE_FACTOR  # the candidate's overload guard (None: off), as live
+    # the cacheroute policy's cold-home rule: off, unlike live, because the gate judges the plan's
+    # placement, and the rule would route around a plan whose homes cannot hold their keys (a plan
+    # pinning every key on one replica replayed at p99 1.4 s against flat's 2.5 s with it on:
+    # tests/integration/test_gate_live.py) and so hide the plan it is there to refuse
+    cold_home: str | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -14,7 +14,8 @@ gRPC Generate, so both share one KV cache and one queue.
   `stream_options.include_usage` is set, carries `prompt_tokens`, `completion_tokens` and
   `prompt_tokens_details.cached_tokens` (always, also when 0).
 - `/metrics` uses vLLM V1's names (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
-  `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`,
+  `vllm:kv_cache_usage_perc`, `vllm:cache_config_info` (labels block_size, num_gpu_blocks: the
+  pool size), `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`,
   `vllm:prompt_tokens_total`, `vllm:request_success_total`, `vllm:num_preemptions_total`,
   `vllm:time_to_first_token_seconds` in model seconds with vLLM's buckets),
   labelled `model_name`, so a dispatcher with `--engine-kind vllm` and third-party routers
@@ -67,6 +68,10 @@ class VllmMetrics:
         yield gauge("vllm:num_requests_running", "requests in the running batch", model.running)
         yield gauge("vllm:num_requests_waiting", "requests waiting", model.waiting + self.runner.pending)
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1", model.kv_usage)
+        info = GaugeMetricFamily("vllm:cache_config_info", "information of the KV cache config",
+                                 labels=["model_name", "block_size", "num_gpu_blocks"])
+        info.add_metric([*labels, "16", str(model.kv_blocks)], 1.0)   # vLLM's info gauge, its label names
+        yield info
         yield counter("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache", model.prompt_tokens)
         yield counter("vllm:prefix_cache_hits", "prompt tokens found in the prefix cache", model.cached_tokens)
         yield counter("vllm:prompt_tokens", "prompt tokens", model.prompt_tokens)

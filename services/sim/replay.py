@@ -66,7 +66,7 @@ def _run(requests: list[Request], config: ShadowConfig, plan: Plan | None):
         policy = make_policy("flat", config.replicas, seed=config.seed)
     else:
         policy = make_policy("cacheroute", config.replicas, seed=config.seed, cold=config.cold,
-                             balance_factor=config.balance_factor)
+                             balance_factor=config.balance_factor, cold_home=config.cold_home)
         policy.set_plan(plan)
     return Simulator(sim, policy, requests).run()
 

@@ -26,7 +26,8 @@ Router view (ClusterState)
 
 Planned policies (PLANNED) are re-planned every `control_interval` virtual seconds from
 arrival counts per key over the last `rate_window` seconds measured inside the run (no
-oracle rates), through `plan_fn` (default: the planner's churn-aware re-plan, `default_plan_fn`;
+oracle rates; a window longer than the interval slides over the last intervals' counts, as
+the planner service reads the collector's buckets), through `plan_fn` (default: the planner's churn-aware re-plan, `default_plan_fn`;
 `scratch_plan_fn` is the paper's fresh LPT plan every interval).
 Rate history (`rate_horizon`): instead of the last window alone, per-key rates are an
 exponentially weighted average over that horizon (services.core.rates.RateHistory, folded
@@ -227,6 +228,7 @@ class Simulator:
         self._spilled = [False] * n              # a FALLBACK pick: sent off the key's home
         self._counts: Counter[str] = Counter()
         self._counted_since = 0.0
+        self._slices: deque[tuple[float, Counter[str]]] = deque()   # (start, counts) per interval, sliding window
         self._prefix: dict[str, int] = {k: p for k, _, p in config.rate_prior}
         self._history = None
         if config.rate_horizon is not None:
@@ -433,6 +435,12 @@ class Simulator:
         if 0 < t - self._counted_since < window:
             window = t - self._counted_since    # after a bootstrap plan: the counts cover less
         counts, self._counts = self._counts, Counter()
+        if self._history is None and cfg.rate_window is not None and cfg.rate_window > t - self._counted_since:
+            # a sliding window over the last intervals' counts (the planner's window of buckets)
+            self._slices.append((self._counted_since, counts))
+            while self._slices and self._slices[0][0] < t - cfg.rate_window - 1e-9:
+                self._slices.popleft()
+            window, counts = t - self._slices[0][0], sum((c for _, c in self._slices), Counter())
         self._counted_since = t
         if self._history is not None:
             self._history = self._history.fold(counts, window)
@@ -447,7 +455,7 @@ class Simulator:
         version = (self._plan.version + 1) if self._plan is not None else 1
         plan_fn = cfg.plan_fn or (prefix_plan_fn if self._nodes is not None else default_plan_fn)
         more = {}
-        if plan_fn is default_plan_fn:
+        if plan_fn is default_plan_fn or getattr(plan_fn, "wants_served", False):
             more = {"served_at": dict(self._served_at)}
         if self._nodes is not None:
             more = {"nodes": self._nodes.samples(), "prompt_tokens": self._nodes.prompt_tokens,

@@ -71,6 +71,13 @@ def test_vllm_v1_names_sum_over_engines_and_skip_created():
     assert (s.prompt_tokens, s.cached_tokens, s.requests) == (1000, 600, 10)
 
 
+def test_vllm_pool_size_from_cache_config_info():
+    page = VLLM_PAGE + ('# TYPE vllm:cache_config_info gauge\n'
+                        'vllm:cache_config_info{block_size="32",model_name="m",num_gpu_blocks="1100"} 1.0\n')
+    assert vllm.read_stats(sample_sums(page), EngineStats()).kv_blocks == 2200    # in 16-token blocks
+    assert vllm.read_stats(sample_sums(VLLM_PAGE), EngineStats()).kv_blocks == 0  # not reported: unknown
+
+
 def test_vllm_old_names():
     s = vllm.read_stats(sample_sums(OLD_VLLM_PAGE), EngineStats())
     assert (s.running, s.kv_usage, s.prompt_tokens, s.cached_tokens) == (2, 0.5, 10, 4)

@@ -39,6 +39,22 @@ first keeps dispatchers agreeing at low load; the planner admits a key where tel
 it served (services.core.replan.served_homes), so admission moves nothing. The memory is
 per dispatcher and soft: lost on restart, it costs at most one move per key.
 
+Cold home (`cold_home`, default "index"; issue 24 (d)): a planned key whose member no longer
+holds its prefix is a cold prefill wherever it goes, so queueing it at home buys nothing. Before
+the guard, if the least-loaded member does not cache at least half the request's reusable prefix,
+the request goes to a replica that does among the key's members and its first two ring replicas,
+else to the one of them with the least queued prefill (the home on a tie), as FALLBACK when it is
+not the home. What a replica caches is this policy's record of what it routed there: an LRU the
+size of the smallest replica's KV pool (`ClusterState.kv_blocks`; unknown: the rule is off) of
+block hashes (`BlockLRU`) or, for requests without block hashes (the HTTP API), of keys weighted
+by their prompt tokens (`KeyLRU`). Until that record has evicted something from the home, a
+key missing there was only never seen by this instance (a restarted dispatcher), so it stays; "oracle" reads the engines' caches where the state has them
+(the simulator), None turns the rule off. Measured (docs/experiments.md, "Drift in the
+engine-bound regime"): after a popularity shift the newly hot tenants' prefixes have been evicted
+from their homes, their first requests arrive together and queued there behind each other (the
+drift point's p99); with the rule they spread over the key's ring and the next request follows
+the prefix.
+
 Knobs: `cold` = "chwbl" (default: the session-aware cold tail, consistent hashing with
 bounded loads, so a recurring cold key tends to return to the replica that has its prefix;
 its bound has the same `spill_floor` as the planned path, see `_cold`)
@@ -72,6 +88,7 @@ from typing import Mapping
 
 import numpy as np
 
+from services.core.policies._caches import BlockLRU, KeyLRU
 from services.core.policies._common import Ring, least_loaded, p2c
 from services.core.policy import ClusterState, NoHealthyReplica, Pick, Reason
 from services.core.prefixes import NODE_DEPTHS, NODE_SHARE, parse_node_name
@@ -86,6 +103,8 @@ SPILL_COST = 2.0
 SPILL_BACKLOG = 8192
 MEMORY_KEYS = 1 << 16
 HOLD = False
+COLD_HOME = "index"
+COLD_HOMES = (None, "index", "keys", "oracle")
 
 
 def _check_members(table: Mapping[str, tuple[int, ...]], replicas: int) -> None:
@@ -114,7 +133,7 @@ class CacheRoutePolicy:
                  spill_floor: int = SPILL_FLOOR, prefix: bool = False, balance: str = "requests",
                  reuse_weight: float = 1.0, spill_cost: float | None = SPILL_COST,
                  spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS, hold: bool = HOLD,
-                 hold_backlog: int | None = None, hold_spill: bool = True):
+                 hold_backlog: int | None = None, hold_spill: bool = True, cold_home: str | None = COLD_HOME):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
@@ -134,6 +153,10 @@ class CacheRoutePolicy:
         self.hold = hold
         self.hold_backlog = hold_backlog
         self.hold_spill = hold_spill
+        if cold_home not in COLD_HOMES:
+            raise ValueError(f"unknown cold_home {cold_home!r}; valid: {', '.join(map(str, COLD_HOMES))}")
+        self.cold_home = cold_home
+        self._index: BlockLRU | KeyLRU | None = None   # what this policy routed to each replica (cold_home)
         self._seen: dict[str, int] = {}          # key -> replica of its latest request (two generations)
         self._seen_old: dict[str, int] = {}
         self._spill_ring = Ring(replicas)
@@ -181,6 +204,18 @@ class CacheRoutePolicy:
     def pick(self, request: Request, state: ClusterState) -> Pick:
         if self.flat_fallback:
             return Pick(p2c(self._rng, state), Reason.FALLBACK)
+        if self.cold_home is not None:
+            pick = self._pick_held(request, state)
+            index = self._index
+            if pick.reason != Reason.HOLD and index is not None:
+                if isinstance(index, BlockLRU):
+                    index.insert(pick.replica, request.blocks)
+                else:
+                    index.insert(pick.replica, request.key, request.prompt_tokens)
+            return pick
+        return self._pick_held(request, state)
+
+    def _pick_held(self, request: Request, state: ClusterState) -> Pick:
         if not self.hold or not state.kv_blocks:
             return self._choose(request, state)
         seen = self.remembered(request.key)      # before the pick remembers itself
@@ -205,6 +240,10 @@ class CacheRoutePolicy:
         best = least_loaded(members, state)
         if best is None:
             return Pick(p2c(self._rng, state), Reason.FALLBACK)
+        if self.cold_home:
+            moved = self._off_cold_home(request, best, members, state)
+            if moved is not None:
+                return moved
         c = self.balance_factor
         if c is None:
             return Pick(self._remember(request.key, best), Reason.PLANNED)
@@ -218,6 +257,66 @@ class CacheRoutePolicy:
         if not self._pays(best, target, request, state):
             return Pick(self._remember(request.key, best), Reason.PLANNED)
         return Pick(self._remember(request.key, target), Reason.FALLBACK)
+
+    def _off_cold_home(self, request: Request, best: int, members, state: ClusterState) -> Pick | None:
+        """The planned member does not hold the request's prefix (evicted): its prefill costs the
+        same anywhere, so go where the prefix is cached among the key's members and first two ring
+        replicas, else to the one of them with the least queued prefill. None: home holds it."""
+        holds = self._holds(request, state)
+        if holds is None or holds(best):
+            return None
+        index = self._index
+        if index is not None and not index.full[best]:
+            return None     # this record has evicted nothing there yet: absence is not eviction
+        healthy = state.healthy
+        cands = [m for m in members if healthy[m]]
+        for r in self._spill_ring.walk(request.key):
+            if healthy[r] and r not in cands:
+                cands.append(r)
+                if len(cands) >= len(members) + 2:
+                    break
+        warm = [r for r in cands if holds(r)]
+        backlog, load = state.prefill_tokens, state.in_flight
+        pool = warm or cands
+        pick = min(pool, key=lambda r: (backlog[r], load[r], r != best))
+        if pick == best:
+            return Pick(self._remember(request.key, best), Reason.PLANNED)
+        return Pick(self._remember(request.key, pick), Reason.FALLBACK)
+
+    def _holds(self, request: Request, state: ClusterState):
+        """replica -> whether it still caches at least half of the request's reusable prefix, for
+        `_off_cold_home`: by the engines' exact caches ("oracle", when the state has them), else by
+        this policy's record of what it routed to each replica, an LRU the size of the smallest
+        replica's KV pool: of block hashes ("index", `BlockLRU`) or of keys weighted by their
+        prompt tokens ("keys", `KeyLRU`: what "index" keeps when the first request it records
+        carries no block hashes, as the HTTP API's do not). None when it cannot tell (no pool size
+        known)."""
+        mode = self.cold_home
+        if mode == "index":
+            kind = type(self._index) if self._index is not None else BlockLRU if request.blocks else KeyLRU
+            mode = "keys" if kind is KeyLRU else mode
+        if mode == "keys":
+            index = self._lru(state, KeyLRU)
+            return None if index is None else (lambda r: index.holds(r, request.key))
+        pre = request.prefix_tokens // BLOCK_TOKENS
+        if pre < 1 or len(request.blocks) < pre:
+            return None
+        blocks, half = request.blocks[:pre], (pre + 1) // 2
+        match = state.prefix_match if mode == "oracle" else None
+        if match is None:
+            index = self._lru(state, BlockLRU)
+            if index is None:
+                return None
+            match = index.match
+        return lambda r: match(r, blocks) >= half
+
+    def _lru(self, state: ClusterState, kind):
+        if self._index is None:
+            pools = [b for b in state.kv_blocks if b > 0]
+            if len(pools) < len(state.kv_blocks) or not pools:
+                return None
+            self._index = kind(self.replicas, min(pools))
+        return self._index
 
     def _room(self, r: int, request: Request, state: ClusterState, seen: int | None) -> bool:
         """Whether replica r takes `request` without overcommitting its KV (the hold rule of the
@@ -298,6 +397,8 @@ class CacheRoutePolicy:
         only ever grow, so a memory of fewer replicas stays valid)."""
         if isinstance(other, CacheRoutePolicy) and other.replicas <= self.replicas:
             self._seen, self._seen_old = other._seen, other._seen_old
+            if other.replicas == self.replicas and other.cold_home == self.cold_home:
+                self._index = other._index      # what each replica caches outlives the plan too
 
     def _pick_tokens(self, request, state: ClusterState) -> Pick:
         """balance="tokens": the home set H is the key's planned members, else the members of the
