@@ -62,7 +62,7 @@ OpenAI HTTP API (services/dispatcher/http.py):
   CACHEROUTE_CLIENT_WRITE_TIMEOUT (30)      a client that takes no write of its stream this long is dropped
                                             (its engine request cancelled; a client error, not the engine's)
   CACHEROUTE_HTTP_HEADER_TIMEOUT (20)       seconds from a request's first byte to its last header byte,
-                                            then 408 and close (services/httpserver.py: slowloris)
+                                            then 408 and close (services/http/server.py: slowloris)
   CACHEROUTE_HTTP_BODY_TIMEOUT (60)         seconds to receive a request's whole body, then 408 and close
   CACHEROUTE_HTTP_IDLE_TIMEOUT (75)         seconds a client connection may sit idle (keep-alive), then closed
 Engine credentials (services/auth.py, EngineKeys; never logged):
@@ -85,7 +85,7 @@ from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.budget import SCOPES, BudgetConfig
 from services.dispatcher.servicer import KeyRules
 from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
-from services.httpserver import HttpTimeouts
+from services.http.server import HttpTimeouts
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
 from services.rpc.loops import use_uvloop
 from services.rpc import add_server_flags, env, env_number, run_service, server_config, setup_logging

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.codec import (plan_from_json, plan_from_proto, plan_summary, plan_to_dict, plan_to_json,
+from services.wire.codec import (plan_from_json, plan_from_proto, plan_summary, plan_to_dict, plan_to_json,
                             plan_to_proto, read_plan_file, write_plan_file)
 from services.core.plan import ShadowReport, SwitchDecision
 from services.core.planning import build_plan

@@ -90,7 +90,7 @@ def test_empty_table():
 
 
 def test_the_router_installs_a_columnar_plan_reindexed_in_one_swap():
-    from services import codec
+    from services.wire import codec
     from services.core.planning import build_plan
     from services.core.policy import Reason
     from services.dispatcher.router import Router
