@@ -20,8 +20,6 @@ LONG_FUNCTIONS = {
     "services/core/prefixes.py:build_prefix_plan",
     "services/core/replan.py:_place_anchored",
     "services/core/replan.py:_rebalance",
-    "services/dispatcher/__main__.py:parse_args",
-    "services/planner/__main__.py:build_parser",
     "services/rpc/interceptor.py:_wrap",
     "services/sim/simulator.py:run",
 }
