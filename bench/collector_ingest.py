@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 
 from cacheroute.v1 import collector_pb2, collector_pb2_grpc
-from services.localredis import RedisProcess, free_port
+from services.local.redis_server import RedisProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))

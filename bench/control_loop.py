@@ -59,9 +59,9 @@ import grpc
 
 from cacheroute.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 from procs import stop
-from services.localredis import RedisProcess
+from services.local.redis_server import RedisProcess
 from services.planner.candidate import BuildInputs, build_candidate, decide
-from services.stack import parse_serving_line
+from services.local.stack import parse_serving_line
 from services.store import RedisStore, TelemetryConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -357,7 +357,7 @@ async def cpu_interval(store: RedisStore, replicas: list[str], q_cap: float, war
                        last_switch: float, profile: int) -> tuple[CpuClock, object]:
     """The planner's steps of one interval in the control loop's order (services.planner.candidate
     `propose`), each in process CPU seconds (module header)."""
-    from services import codec, planwire
+    from services.wire import codec, planwire
 
     clock = CpuClock(profile)
     snap = await clock.step("read", store.window_rates, now, WINDOW)

@@ -45,7 +45,7 @@ from procs import ROOT, cpu_seconds, pct, stop, wait_healthy  # noqa: E402
 
 sys.path.insert(0, str(ROOT))          # tests.faults.fake_engine (the editable install has services/ only)
 
-from services.localredis import free_port  # noqa: E402
+from services.local.redis_server import free_port  # noqa: E402
 from tests.faults.fake_engine import FakeEngine  # noqa: E402
 
 def system_prompts(tenants: int, low: int, high: int, seed: int) -> list[str]:

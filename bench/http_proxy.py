@@ -45,7 +45,7 @@ from pathlib import Path
 import aiohttp
 
 from procs import cpu_seconds, highest_passing_rate, pct, spawn, stop, wait_healthy
-from services.localredis import free_port
+from services.local.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 def body(i: int) -> bytes:

@@ -1,6 +1,6 @@
 """Does a dispatcher keep answering while it installs a large plan?
 
-A local stack (services/stack.py: embedded Redis, collector, `--engines` simulated engines,
+A local stack (services/local/stack.py: embedded Redis, collector, `--engines` simulated engines,
 a planner with its control loop off, one dispatcher) gets plans of `--keys` keys built from
 explicit rates (BuildPlanStream: a million keys travel in slices) with every key admitted
 (W = N). Each plan is built and stored first; then probes start, on the dispatcher's gRPC
@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
 
 from cacheroute.v1 import dispatcher_pb2, dispatcher_pb2_grpc  # noqa: E402
 from clients.client import CacheRouteClient  # noqa: E402
-from services.stack import Stack, StackConfig  # noqa: E402
+from services.local.stack import Stack, StackConfig  # noqa: E402
 
 PERIOD = 0.005
 PROBE_TIMEOUT = 5.0

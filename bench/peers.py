@@ -219,11 +219,12 @@ def make_workload(scale: Scale, workload: str, qps: float, seed: int) -> textloa
 
 
 def _mooncake_path() -> str:
+    """The trace under the shared data folder: $CACHEROUTE_DATA, else shared/data beside the checkout."""
     name = "mooncake/conversation_trace.first_half.jsonl"
-    for base in (ROOT.parent / "shared" / "data", ROOT / ".." / "shared" / "data", Path("/work/shared/data")):
-        if (base / name).is_file():
-            return str(base / name)
-    raise ValueError(f"cannot find {name} under ../shared/data")
+    base = Path(os.environ.get("CACHEROUTE_DATA") or ROOT.parent / "shared" / "data")
+    if (base / name).is_file():
+        return str(base / name)
+    raise ValueError(f"cannot find {name} under {base} (set CACHEROUTE_DATA to the shared data folder)")
 
 
 def event_times(scale: Scale, workload: str, tier: int) -> list[tuple[float, str, int]]:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 from clients import textload  # noqa: E402
-from services import oai  # noqa: E402
+from services.http import oai  # noqa: E402
 from services.core import routing  # noqa: E402
 from services.core.engine import EngineModel, get_profile  # noqa: E402
 from services.core.request import Request  # noqa: E402

@@ -1,7 +1,7 @@
 """Miss accounting and hit-rate time series for bench/peers.py (pure: no processes, no I/O).
 
 Every request's prompt is tokenized and block-hashed exactly as the simulated engine does it
-(services.oai.chat_text, services.core.routing.tokenize / prompt_hashes: 16-token blocks,
+(services.http.oai.chat_text, services.core.routing.tokenize / prompt_hashes: 16-token blocks,
 chained hashes), so the figures below are in the engine's own tokens.
 
 Per request i, with full-block hashes B_i and L_i prompt tokens, hits capped (as the engine
@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from services import oai
+from services.http import oai
 from services.core import routing
 from services.core.request import BLOCK_TOKENS
 

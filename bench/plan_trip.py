@@ -35,10 +35,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cacheroute.v1 import planner_pb2  # noqa: E402
-from services import codec, planwire  # noqa: E402
+from services.wire import codec, planwire  # noqa: E402
 from services.core.plan import Plan  # noqa: E402
 from services.dispatcher.router import Router  # noqa: E402
-from services.localredis import RedisProcess  # noqa: E402
+from services.local.redis_server import RedisProcess  # noqa: E402
 from services.model import Replica  # noqa: E402
 from services.store import RedisStore  # noqa: E402
 

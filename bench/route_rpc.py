@@ -46,7 +46,7 @@ from grpc_health.v1.health import aio as health_aio
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc
 from services.core.plan import Plan
 from procs import cpu_seconds, highest_passing_rate, pct, spawn, stop
-from services.localredis import RedisProcess, free_port
+from services.local.redis_server import RedisProcess, free_port
 from services.store import RedisStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@
     .venv/bin/python bench/soak.py --minutes 10            # the default run
     .venv/bin/python bench/soak.py --minutes 4 --json out.json
 
-Starts `services.stack.Stack` (its own redis-server, collector, planner with the automatic
+Starts `services.local.stack.Stack` (its own redis-server, collector, planner with the automatic
 loop off, engines, dispatchers; all on loopback), then for `--minutes`:
   - Generate at `--rate` req/s (open loop, Poisson gaps) and Route at `--route-rate` req/s
     through both dispatchers with the client library; the key popularity (Zipf over
@@ -38,7 +38,7 @@ import redis
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from clients import AsyncCacheRouteClient, RetryPolicy  # noqa: E402
-from services.stack import Stack, StackConfig  # noqa: E402
+from services.local.stack import Stack, StackConfig  # noqa: E402
 
 
 @dataclass

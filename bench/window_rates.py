@@ -17,7 +17,7 @@ import asyncio
 import random
 import time
 
-from services.localredis import RedisProcess
+from services.local.redis_server import RedisProcess
 from redis.utils import HIREDIS_AVAILABLE
 
 from services.store import ArrivalRecord, RedisStore, TelemetryConfig

@@ -32,7 +32,7 @@ import grpc
 from cacheroute.v1 import (
     common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2, planner_pb2, planner_pb2_grpc,
 )
-from services.planwire import SliceAssembler
+from services.wire.planwire import SliceAssembler
 from services.rpc import TLSFiles, channel_options
 
 DEFAULT_TIMEOUT = 2.0

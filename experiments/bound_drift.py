@@ -43,7 +43,7 @@ INTERVAL, WINDOW, MAX_MOVES, Q_CAP, WARM_SLOTS = 10.0, 60.0, 8, 20.0, 64   # wal
 def requests(qps_wall: float, seed: int, workload: str = "drift") -> list[Request]:
     import peers
 
-    from services import oai
+    from services.http import oai
     from services.core import routing
 
     scale = peers.BOUND

@@ -36,7 +36,7 @@ def requests(qps_wall: float, seed: int) -> list[Request]:
     import peers
 
     from clients import textload
-    from services import oai
+    from services.http import oai
     from services.core import routing
 
     scale = peers.BOUND

@@ -4,8 +4,10 @@
 flag, reads its default from CACHEROUTE_Q_CAP (flags override it; a bad number is a one-line
 ValueError naming the variable) and writes the help's "(env CACHEROUTE_Q_CAP, default 20)"
 itself, so the text cannot drift from the value. `shown=` replaces the default's text where
-the value is not what a reader should see (None, a computed default). `env_table` renders
-the declared flags as a docstring's environment table. Pure: argparse and os.environ only.
+the value is not what a reader should see (None, a computed default). `switch` is the same for
+an on/off flag (`store_true`, on when the variable is set to anything but "", "0" or "false").
+`env_table` renders the declared flags as a docstring's environment table. Pure: argparse and
+os.environ only.
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ def flag(group, *names: str, env: str, default: Any = None, type: Callable | Non
     action = group.add_argument(*names, default=value, type=type, help=text, **kwargs)
     action.env = PREFIX + env
     action.shown = shown if shown is not None else _text(default)
+    return action
+
+
+def switch(group, *names: str, env: str, help: str = "") -> argparse.Action:
+    """A `store_true` flag, on by default when CACHEROUTE_<env> is set to anything but "", "0", "false"."""
+    value = os.environ.get(PREFIX + env, "") not in ("", "0", "false")
+    suffix = f"env {PREFIX}{env}, default off"
+    action = group.add_argument(*names, action="store_true", default=value,
+                                help=f"{help} ({suffix})" if help else f"({suffix})")
+    action.env = PREFIX + env
+    action.shown = "off"
     return action
 
 

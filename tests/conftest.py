@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.localredis import RedisProcess
+from services.local.redis_server import RedisProcess
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +29,8 @@ def redis_url(redis_server):
 @pytest.fixture(scope="session")
 def redis_cluster():
     """One private Redis Cluster for the session: 3 masters + 3 replicas on loopback
-    (services.localcluster). Tests that kill nodes start their own."""
-    from services.localcluster import RedisClusterProcess
+    (services.local.redis_cluster). Tests that kill nodes start their own."""
+    from services.local.redis_cluster import RedisClusterProcess
 
     with RedisClusterProcess(masters=3, replicas=1) as cluster:
         yield cluster

@@ -23,7 +23,7 @@ import orjson
 
 from clients.cli import CliError
 from services import model
-from services.codec import plan_to_dict, read_plan_file, write_plan_file
+from services.wire.codec import plan_to_dict, read_plan_file, write_plan_file
 from services.core.planning import build_plan, plan_diff
 
 

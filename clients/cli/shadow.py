@@ -110,7 +110,7 @@ def load_records(path: str, qps: float | None):
 
 def _candidate(args: argparse.Namespace, records, profile):
     if args.plan:
-        from services.codec import read_plan_file
+        from services.wire.codec import read_plan_file
 
         try:
             return read_plan_file(args.plan)

@@ -1,7 +1,7 @@
 """`cacheroute up` and `cacheroute demo`: the local stack, and traffic through it.
 
   up    start Redis (embedded unless --redis), collector, planner, engines and dispatchers
-        as processes on free loopback ports (services.stack), wait until all are SERVING,
+        as processes on free loopback ports (services.local.stack), wait until all are SERVING,
         print their addresses, and keep them running until Ctrl-C / SIGTERM.
   demo  start such a stack (or use --dispatchers/--planner of a running one) and drive the
         same traffic through it twice: planned routing, then flat fallback (P2C), each with
@@ -42,7 +42,7 @@ from clients.client import AsyncCacheRouteClient
 from clients.loadgen import Outcome, drive, relabel, spread_clients, summarize, window
 from services.core.request import Request
 from services.rpc import env, read_secret
-from services.stack import Stack, StackConfig, StackError
+from services.local.stack import Stack, StackConfig, StackError
 
 DEFAULTS = StackConfig()
 MODES = {"planned": common_pb2.MODE_PLANNED, "flat": common_pb2.MODE_FLAT}

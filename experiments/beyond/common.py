@@ -7,11 +7,12 @@ from dataclasses import replace
 
 import orjson
 
+from experiments import run
 from services.sim.runs import RunSpec, capacity_report, run_spec, sweep
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(os.path.dirname(ROOT), "results", "beyond")
-MOONCAKE = "/work/shared/data/mooncake"
+MOONCAKE = run.MOONCAKE            # $CACHEROUTE_DATA/mooncake, else ../shared/data/mooncake
 
 TRACE_GRID = [4, 8, 12, 16, 20, 24, 32]
 # (name, base RunSpec, grid, slo): experiments/run.py's settings (bootstrap plan at 5 s, grids,

@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
-from services import oai
+from services.http import oai
 
 KINDS = ("cacheroute", "vllm", "sglang", "llamacpp", "openai")
 HTTP_KINDS = frozenset(KINDS[1:])
@@ -82,7 +82,7 @@ class Deadlines:
 
 @dataclass(frozen=True)
 class ApiCall:
-    """One OpenAI API request as the front door parsed it (services.oai)."""
+    """One OpenAI API request as the front door parsed it (services.http.oai)."""
 
     path: str                         # /v1/chat/completions or /v1/completions
     doc: dict                         # the parsed body

@@ -2,7 +2,7 @@
 
 An OpenAI API request to it (`complete`) is translated to a Generate call (the prompt's
 canonical text, max_tokens, the routing key) and rendered in OpenAI's shapes
-(services.oai.Renderer); fields the engine cannot honour (tools, logprobs, ...) are refused
+(services.http.oai.Renderer); fields the engine cannot honour (tools, logprobs, ...) are refused
 as "invalid". The first chunk is awaited before the Reply is handed back, so a failure
 before any token is still one the dispatcher may retry elsewhere.
 """
@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.v1 import engine_pb2, engine_pb2_grpc
-from services import oai
+from services.http import oai
 from services.backends.base import ApiCall, Backend, BackendDown, EngineError, EngineStats, Reply
 from services.rpc import FAST_RECONNECT, TLSFiles, aio_channel
 

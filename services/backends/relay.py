@@ -22,7 +22,7 @@ from typing import AsyncIterator
 import aiohttp
 import orjson
 
-from services import oai
+from services.http import oai
 from services.backends.base import Deadlines, EngineError, Reply
 
 # the end of an SSE event: a blank line, with any of the spec's line endings (LF, CRLF, CR)

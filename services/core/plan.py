@@ -2,7 +2,7 @@
 
 A plan maps each admitted key to the distinct replica indices that serve it. Replica
 indices refer to `replica_ids`. Building (sizing, admission, LPT placement) lives in
-`services.core.planning`; encoding to JSON and protobuf in `services.codec`. A dispatcher's
+`services.core.planning`; encoding to JSON and protobuf in `services.wire.codec`. A dispatcher's
 table is a `ColumnarTable` (services.core.table): the same Mapping, in bytes per key.
 """
 

@@ -339,6 +339,40 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
     ptok = np.zeros(len(keys)) if prefix_tokens is None else np.asarray(prefix_tokens, dtype=np.float64)
     if ptok.shape != (len(keys),):
         raise ValueError(f"got {len(keys)} keys but {ptok.size} prefix token counts")
+    chosen, order, lam, k_of = _admit_keys(keys, rate_arr, sizes, ptok, budget, admission)
+    left = budget - int(sizes[chosen].sum())
+
+    samples = list(nodes)
+    window = float(window_seconds)
+    picked = admit_nodes(candidates(samples, min_keys), window, q_cap, len(usable), left) if window > 0 else []
+    cold_total = exact_sum(np.delete(rate_arr, chosen)) if len(chosen) < len(keys) else 0.0
+    tokens_h = {key_hash(key): float(t) for key, t in zip(keys, ptok.tolist())}
+    entries, loads, attach = _place_nodes_sticky(samples, picked, window, cold_total, {key_hash(k) for k in order},
+                                                 tokens_h, usable, R, _prefix_anchors(active, replica_ids))
+    table, scratch_peak = _place_keys_sticky(order, lam, k_of, loads, usable, R, tolerance, entries, attach,
+                                             _key_anchors(active, replica_ids, order))
+
+    extra = {"prefix_candidates": len(entries), "tolerance": tolerance, "scratch_peak": scratch_peak}
+    if prompt_tokens > 0:
+        extra["available_hit_rate"] = available_hit_rate(samples, prompt_tokens)
+    if admission != "rate":
+        extra["admission"] = admission
+    total_rate = float(rate_arr.sum())
+    plan = Plan(
+        version=version, parent_version=active.version if active is not None else 0, created_at=created_at,
+        replica_ids=tuple(replica_ids), q_cap=float(q_cap), warm_slots=int(warm_slots), table=table,
+        rates=lam, expected_load=tuple(loads), predicted_imbalance=imbalance([loads[r] for r in usable]),
+        total_keys=len(keys), admitted_keys=len(order),
+        admitted_rate_share=math.fsum(lam.values()) / total_rate if total_rate > 0 else 0.0,
+        builder="prefix", rates_snapshot_id=rates_snapshot_id, window_seconds=window, extra=extra,
+        prefixes={node_name(n): e for n, e in entries.items()},
+    )
+    return with_churn(plan, active)
+
+
+def _admit_keys(keys: Sequence[str], rate_arr: np.ndarray, sizes: np.ndarray, ptok: np.ndarray, budget: int,
+                admission: str) -> tuple[np.ndarray, list[str], dict[str, float], dict[str, int]]:
+    """Keys admitted as `build_plan` admits them: (indices, keys, their rates, their sizes)."""
     if admission == "rate":
         chosen = admit(keys, rate_arr, sizes, budget)
     elif admission == "density":
@@ -346,20 +380,18 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
     else:
         raise ValueError(f"unknown admission {admission!r}")
     order = [keys[i] for i in chosen.tolist()]
-    lam = dict(zip(order, rate_arr[chosen].tolist()))
-    k_of = dict(zip(order, sizes[chosen].tolist()))
-    left = budget - int(sizes[chosen].sum())
+    return chosen, order, dict(zip(order, rate_arr[chosen].tolist())), dict(zip(order, sizes[chosen].tolist()))
 
-    # nodes: admit, attach keys, place
-    samples = list(nodes)
-    window = float(window_seconds)
-    picked = admit_nodes(candidates(samples, min_keys), window, q_cap, len(usable), left) if window > 0 else []
+
+def _place_nodes_sticky(samples: Sequence[NodeSample], picked: Sequence[tuple[NodeSample, float, int]], window: float,
+                        cold_total: float, admitted_h: set[int], tokens_h: Mapping[int, float], usable: list[int],
+                        R: int, node_anchor: Mapping[int, tuple[int, ...]]):
+    """Admitted nodes on their active members first, then the least loaded. A cold key routes by
+    its deepest admitted node, so that node's members carry its rate; the rest of the cold tail is
+    spread over every usable replica. Returns (entries, loads, key attachments)."""
     draft = {s.node: PrefixEntry((), rate, s.tokens, len(s.keys)) for s, rate, _ in picked}
-    admitted_h = {key_hash(key) for key in order}
-    tokens_h = {key_hash(key): float(t) for key, t in zip(keys, ptok.tolist())}
     attach_cold = key_attachments(samples, draft, {})              # cold keys route by their deepest node
     attach_cold = {kh: n for kh, n in attach_cold.items() if kh not in admitted_h}
-    cold_total = exact_sum(np.delete(rate_arr, chosen)) if len(chosen) < len(keys) else 0.0
     node_cold = {}
     for s in samples:
         for kh, c in s.keys.items():
@@ -367,7 +399,6 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
                 node_cold[s.node] = node_cold.get(s.node, 0.0) + c / window
     spread = max(0.0, cold_total - math.fsum(node_cold.values())) / len(usable)
     loads = [spread if r in usable else 0.0 for r in range(R)]
-    node_anchor = _prefix_anchors(active, replica_ids)
     entries: dict[int, PrefixEntry] = {}
     for s, rate, k in picked:
         k = min(k, len(usable))
@@ -378,16 +409,22 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
         for r in row:
             loads[r] += node_cold.get(s.node, 0.0) / len(row)
         entries[s.node] = PrefixEntry(row, rate, s.tokens, len(s.keys))
-    attach = key_attachments(samples, entries, tokens_h)
+    return entries, loads, key_attachments(samples, entries, tokens_h)
 
-    # keys: the balance yardstick, then sticky placement
+
+def _place_keys_sticky(order: list[str], lam: Mapping[str, float], k_of: Mapping[str, int], loads: list[float],
+                       usable: list[int], R: int, tolerance: float, entries: Mapping[int, PrefixEntry],
+                       attach: Mapping[int, int], key_anchor: Mapping[str, tuple[int, ...]]):
+    """Keys on their active replicas (a new key on its cold-tail ring owner) while a replica stays
+    within max(from-scratch LPT peak, mean) x (1 + tolerance), else on the least loaded allowed
+    one; an attached key is allowed only on its node's members. Adds to `loads`; returns
+    (table, the from-scratch peak)."""
     base = list(loads)
     _, scratch = place_lpt([lam[key] for key in order], [k_of[key] for key in order], len(usable),
                            0.0) if order else ([], [0.0] * len(usable))
     scratch_peak = max(base[r] + s for r, s in zip(usable, scratch)) if order else max(base)
     total = math.fsum(base) + math.fsum(lam.values())
     limit = max(scratch_peak, total / len(usable)) * (1.0 + tolerance)
-    key_anchor = _key_anchors(active, replica_ids, order)
     ring = Ring(R)
     table: dict[str, tuple[int, ...]] = {}
     for key in order:
@@ -406,23 +443,7 @@ def build_prefix_plan(keys: Sequence[str], rates: Sequence[float], replica_ids: 
         for r in row:
             loads[r] += share
         table[key] = tuple(sorted(row))
-
-    extra = {"prefix_candidates": len(draft), "tolerance": tolerance, "scratch_peak": scratch_peak}
-    if prompt_tokens > 0:
-        extra["available_hit_rate"] = available_hit_rate(samples, prompt_tokens)
-    if admission != "rate":
-        extra["admission"] = admission
-    total_rate = float(rate_arr.sum())
-    plan = Plan(
-        version=version, parent_version=active.version if active is not None else 0, created_at=created_at,
-        replica_ids=tuple(replica_ids), q_cap=float(q_cap), warm_slots=int(warm_slots), table=table,
-        rates=lam, expected_load=tuple(loads), predicted_imbalance=imbalance([loads[r] for r in usable]),
-        total_keys=len(keys), admitted_keys=len(order),
-        admitted_rate_share=math.fsum(lam.values()) / total_rate if total_rate > 0 else 0.0,
-        builder="prefix", rates_snapshot_id=rates_snapshot_id, window_seconds=window, extra=extra,
-        prefixes={node_name(n): e for n, e in entries.items()},
-    )
-    return with_churn(plan, active)
+    return table, scratch_peak
 
 
 def _index_map(active, replica_ids: Sequence[str]) -> list[int]:

@@ -54,6 +54,9 @@ OpenAI HTTP API (services/dispatcher/http.py):
                                             keys as the gRPC data plane (CACHEROUTE_API_KEY above)
   CACHEROUTE_HTTP_MAX_BODY_BYTES (8388608)  larger request bodies are 413
   CACHEROUTE_MAX_OUTPUT_TOKENS (32768)      larger max_tokens is 400
+  CACHEROUTE_MAX_TENANT_REQUESTS (0)        open completions per tenant, over it 429; 0 = no cap
+  CACHEROUTE_TENANT_CACHE_SALT (0)          1: a per-tenant cache_salt to vllm replicas (tenants never share prefixes)
+  CACHEROUTE_FIRST_BYTE_TIMEOUT (60)        seconds to an engine's headers and a stream's first event -> 504
   CACHEROUTE_UPSTREAM_TIMEOUT (600)         seconds without a byte from the engine -> 504
   CACHEROUTE_EJECT_SECONDS (5)              a replica that answered 5xx / timed out stays out this long
   CACHEROUTE_EJECT_AFTER (3)                ... after this many such failures in a row
@@ -62,7 +65,7 @@ OpenAI HTTP API (services/dispatcher/http.py):
   CACHEROUTE_CLIENT_WRITE_TIMEOUT (30)      a client that takes no write of its stream this long is dropped
                                             (its engine request cancelled; a client error, not the engine's)
   CACHEROUTE_HTTP_HEADER_TIMEOUT (20)       seconds from a request's first byte to its last header byte,
-                                            then 408 and close (services/httpserver.py: slowloris)
+                                            then 408 and close (services/http/server.py: slowloris)
   CACHEROUTE_HTTP_BODY_TIMEOUT (60)         seconds to receive a request's whole body, then 408 and close
   CACHEROUTE_HTTP_IDLE_TIMEOUT (75)         seconds a client connection may sit idle (keep-alive), then closed
 Engine credentials (services/auth.py, EngineKeys; never logged):
@@ -75,63 +78,102 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 
 from services.auth import engine_keys, keyring
 from services.backends import KINDS, parse_endpoint
+from services.dispatcher.budget import SCOPES, BudgetConfig
 from services.dispatcher.http import HttpConfig
 from services.dispatcher.service import DispatcherConfig, serve
-from services.dispatcher.budget import SCOPES, BudgetConfig
 from services.dispatcher.servicer import KeyRules
 from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
-from services.httpserver import HttpTimeouts
+from services.flags import env, flag, switch
+from services.http.server import HttpTimeouts
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
+from services.rpc import add_server_flags, run_service, server_config, setup_logging
 from services.rpc.loops import use_uvloop
-from services.rpc import add_server_flags, env, env_number, run_service, server_config, setup_logging
+
+
+def add_dispatcher_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("dispatcher")
+    flag(g, "--replicas", env="REPLICAS", default="", shown='"", required', help="id=host:port,...")
+    flag(g, "--planner", env="PLANNER", default="", shown='"" = off', help="planner address")
+    flag(g, "--redis", env="REDIS_URL", default="", shown='"" = off', help="Redis URL for the fallback plan read")
+    flag(g, "--collector", env="COLLECTOR", default="", shown='"" = off', help="collector address")
+    flag(g, "--dispatcher-id", env="DISPATCHER_ID", default="dispatcher-0", help="source id in telemetry and status")
+    flag(g, "--key-blocks", env="KEY_BLOCKS", default=4, type=int, help="key = chained hash of the first N blocks")
+    flag(g, "--key-tokens", env="KEY_TOKENS", default=64, type=int, help="key = hash of the first N prompt tokens")
+    flag(g, "--prefix-nodes", env="PREFIX_NODES", default=0, type=int, choices=(0, 1), help="1: prefix-aware routing")
+    flag(g, "--cold-tail", "--cold", dest="cold", env="COLD_TAIL", default=env("COLD", DEFAULT_COLD_TAIL),
+         shown=f"$CACHEROUTE_COLD or {DEFAULT_COLD_TAIL}", choices=COLD_TAILS, help="cold-tail policy")
+    flag(g, "--hold-limit", env="HOLD_LIMIT", default=0.0, type=float,
+         help="seconds a request may be held while KV is full, 0 = never")
+    flag(g, "--poll-interval", env="POLL_INTERVAL", default=0.25, type=float, help="replica poll period, seconds")
+    flag(g, "--poll-timeout", env="POLL_TIMEOUT", default=0.2, type=float, help="deadline of each poll RPC, seconds")
+    flag(g, "--telemetry-interval", env="TELEMETRY_INTERVAL", default=0.5, type=float, help="arrival flush period, seconds")
+    flag(g, "--telemetry-capacity", env="TELEMETRY_CAPACITY", default=100000, type=int, help="buffered arrivals")
+    flag(g, "--max-batch", env="MAX_BATCH", default=10000, type=int, help="RouteBatch requests per call")
+    flag(g, "--seed", env="SEED", default=None, type=int, shown="random", help="P2C seed")
+    flag(g, "--caller-telemetry-rate", env="CALLER_TELEMETRY_RATE", default=100.0, type=float,
+         help="Route/RouteBatch arrivals/s one caller may add to the planner's input, 0 = unbounded")
+    flag(g, "--caller-telemetry-burst", env="CALLER_TELEMETRY_BURST", default=200.0, type=float,
+         help="that budget's bucket size")
+    flag(g, "--caller-telemetry-scope", env="CALLER_TELEMETRY_SCOPE", default="shared", choices=SCOPES,
+         help="shared: one budget per caller across dispatchers, in the store (--redis); local: per dispatcher")
+    flag(g, "--api-key", env="API_KEY", default=None, help="accepted API key")
+    flag(g, "--api-key-file", env="API_KEY_FILE", default=None, help="file of key[:tenant] lines")
+    flag(g, "--engine-kind", env="ENGINE_KIND", default="cacheroute", choices=KINDS,
+         help="kind of replicas given without KIND+")
+    flag(g, "--workers", env="WORKERS", default=0, type=int, help="worker processes sharing the ports, 0 = one per core")
+    flag(g, "--uvloop", env="UVLOOP", default=1, type=int, choices=(0, 1),
+         help="1: run on uvloop (less CPU per request), 0: asyncio's default loop")
+    g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)   # set by the supervisor
+    flag(parser, "--ext-proc-port", env="EXT_PROC_PORT", default=-1, type=int,
+         help="Envoy ext_proc endpoint picker (services/dispatcher/extproc.py): -1 = off, 0 = ephemeral")
 
 
 def add_http_flags(parser: argparse.ArgumentParser) -> None:
     """The OpenAI HTTP API's flags and the engine credentials (services/dispatcher/http.py, services/auth.py)."""
     h = parser.add_argument_group("OpenAI HTTP API")
-    h.add_argument("--http-port", type=int, default=env_number("HTTP_PORT", "8080", int),
-                   help="-1 = off, 0 = ephemeral (env CACHEROUTE_HTTP_PORT, default 8080)")
-    h.add_argument("--http-max-body-bytes", type=int, default=env_number("HTTP_MAX_BODY_BYTES", str(8 * 1024 * 1024), int))
-    h.add_argument("--max-output-tokens", type=int, default=env_number("MAX_OUTPUT_TOKENS", "32768", int))
-    h.add_argument("--upstream-timeout", type=float, default=env_number("UPSTREAM_TIMEOUT", "600", float))
-    h.add_argument("--max-tenant-requests", type=int, default=env_number("MAX_TENANT_REQUESTS", "0", int),
-                   help="open completions per tenant, over it 429; 0 = no cap (env CACHEROUTE_MAX_TENANT_REQUESTS, "
-                        "default 0)")
-    h.add_argument("--tenant-cache-salt", action="store_true",
-                   default=os.environ.get("CACHEROUTE_TENANT_CACHE_SALT", "") not in ("", "0", "false"),
-                   help="send vllm replicas a per-tenant cache_salt so tenants never share cached prefixes "
-                        "(env CACHEROUTE_TENANT_CACHE_SALT, default off)")
-    h.add_argument("--first-byte-timeout", type=float, default=env_number("FIRST_BYTE_TIMEOUT", "60", float),
-                   help="seconds to an engine's headers and a stream's first event, else 504 and a failure "
-                        "(env CACHEROUTE_FIRST_BYTE_TIMEOUT, default 60)")
-    h.add_argument("--eject-seconds", type=float, default=env_number("EJECT_SECONDS", "5", float))
-    h.add_argument("--eject-after", type=int, default=env_number("EJECT_AFTER", "3", int))
-    h.add_argument("--max-ejected-fraction", type=float, default=env_number("MAX_EJECTED_FRACTION", "0.5", float))
-    h.add_argument("--connect-timeout", type=float, default=env_number("CONNECT_TIMEOUT", "3", float))
-    h.add_argument("--client-write-timeout", type=float, default=env_number("CLIENT_WRITE_TIMEOUT", "30", float),
-                   help="seconds a client may take no write of its stream before it is dropped and its engine "
-                        "request cancelled (env CACHEROUTE_CLIENT_WRITE_TIMEOUT, default 30)")
-    h.add_argument("--http-header-timeout", type=float, default=env_number("HTTP_HEADER_TIMEOUT", "20", float),
-                   help="seconds to a request's complete headers, then 408 (env CACHEROUTE_HTTP_HEADER_TIMEOUT, "
-                        "default 20)")
-    h.add_argument("--http-body-timeout", type=float, default=env_number("HTTP_BODY_TIMEOUT", "60", float),
-                   help="seconds to a request's whole body, then 408 (env CACHEROUTE_HTTP_BODY_TIMEOUT, default 60)")
-    h.add_argument("--http-idle-timeout", type=float, default=env_number("HTTP_IDLE_TIMEOUT", "75", float),
-                   help="seconds an idle keep-alive connection is kept (env CACHEROUTE_HTTP_IDLE_TIMEOUT, default 75)")
+    flag(h, "--http-port", env="HTTP_PORT", default=8080, type=int, help="-1 = off, 0 = ephemeral")
+    flag(h, "--http-max-body-bytes", env="HTTP_MAX_BODY_BYTES", default=8 * 1024 * 1024, type=int,
+         help="larger request bodies are 413")
+    flag(h, "--max-output-tokens", env="MAX_OUTPUT_TOKENS", default=32768, type=int, help="larger max_tokens is 400")
+    flag(h, "--upstream-timeout", env="UPSTREAM_TIMEOUT", default=600.0, type=float,
+         help="seconds without a byte from the engine, then 504")
+    flag(h, "--max-tenant-requests", env="MAX_TENANT_REQUESTS", default=0, type=int,
+         help="open completions per tenant, over it 429; 0 = no cap")
+    switch(h, "--tenant-cache-salt", env="TENANT_CACHE_SALT",
+           help="send vllm replicas a per-tenant cache_salt so tenants never share cached prefixes")
+    flag(h, "--first-byte-timeout", env="FIRST_BYTE_TIMEOUT", default=60.0, type=float,
+         help="seconds to an engine's headers and a stream's first event, else 504 and a failure")
+    flag(h, "--eject-seconds", env="EJECT_SECONDS", default=5.0, type=float, help="a failing replica stays out this long")
+    flag(h, "--eject-after", env="EJECT_AFTER", default=3, type=int, help="... after this many failures in a row")
+    flag(h, "--max-ejected-fraction", env="MAX_EJECTED_FRACTION", default=0.5, type=float,
+         help="passive ejection keeps at least the other share in rotation")
+    flag(h, "--connect-timeout", env="CONNECT_TIMEOUT", default=3.0, type=float, help="seconds to connect to an engine")
+    flag(h, "--client-write-timeout", env="CLIENT_WRITE_TIMEOUT", default=30.0, type=float,
+         help="seconds a client may take no write of its stream before it is dropped and its engine request cancelled")
+    flag(h, "--http-header-timeout", env="HTTP_HEADER_TIMEOUT", default=20.0, type=float,
+         help="seconds to a request's complete headers, then 408")
+    flag(h, "--http-body-timeout", env="HTTP_BODY_TIMEOUT", default=60.0, type=float,
+         help="seconds to a request's whole body, then 408")
+    flag(h, "--http-idle-timeout", env="HTTP_IDLE_TIMEOUT", default=75.0, type=float,
+         help="seconds an idle keep-alive connection is kept")
     c = parser.add_argument_group("engine credentials")
-    c.add_argument("--engine-api-key", default=env("ENGINE_API_KEY") or None,
-                   help="API key sent to every HTTP engine (env CACHEROUTE_ENGINE_API_KEY)")
-    c.add_argument("--engine-api-keys-file", default=env("ENGINE_API_KEYS_FILE") or None,
-                   help="file of `URL KEY` lines, or a `KEY` line for the rest (env CACHEROUTE_ENGINE_API_KEYS_FILE)")
-    c.add_argument("--forward-client-auth", action="store_true",
-                   default=os.environ.get("CACHEROUTE_FORWARD_CLIENT_AUTH", "") not in ("", "0", "false"),
-                   help="send the client's Authorization to HTTP engines (env CACHEROUTE_FORWARD_CLIENT_AUTH, "
-                        "default off)")
+    flag(c, "--engine-api-key", env="ENGINE_API_KEY", default=None, help="API key sent to every HTTP engine")
+    flag(c, "--engine-api-keys-file", env="ENGINE_API_KEYS_FILE", default=None,
+         help="file of `URL KEY` lines, or a `KEY` line for the rest")
+    switch(c, "--forward-client-auth", env="FORWARD_CLIENT_AUTH", help="send the client's Authorization to HTTP engines")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cacheroute serve dispatcher", description="A stateless dispatcher.",
+                                     epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_flags(parser, default_port=50053, default_metrics_port=9153)
+    add_dispatcher_flags(parser)
+    add_http_flags(parser)
+    return parser
 
 
 def http_config(args: argparse.Namespace, timeouts: HttpTimeouts) -> HttpConfig:
@@ -145,90 +187,38 @@ def http_config(args: argparse.Namespace, timeouts: HttpTimeouts) -> HttpConfig:
                       forward_client_auth=args.forward_client_auth, timeouts=timeouts)
 
 
-def parse_args(argv: list[str] | None) -> DispatcherConfig:
-    parser = argparse.ArgumentParser(prog="cacheroute serve dispatcher", description="A stateless dispatcher.",
-                                     epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_server_flags(parser, default_port=50053, default_metrics_port=9153)
-    g = parser.add_argument_group("dispatcher")
-    g.add_argument("--replicas", default=env("REPLICAS"), help="id=host:port,... (env CACHEROUTE_REPLICAS)")
-    g.add_argument("--planner", default=env("PLANNER"), help="planner address (env CACHEROUTE_PLANNER)")
-    g.add_argument("--redis", default=env("REDIS_URL"), help="Redis URL for the fallback plan read (env CACHEROUTE_REDIS_URL)")
-    g.add_argument("--collector", default=env("COLLECTOR"), help="collector address (env CACHEROUTE_COLLECTOR)")
-    g.add_argument("--dispatcher-id", default=env("DISPATCHER_ID", "dispatcher-0"), help="(env CACHEROUTE_DISPATCHER_ID)")
-    g.add_argument("--key-blocks", type=int, default=env_number("KEY_BLOCKS", "4", int), help="(env CACHEROUTE_KEY_BLOCKS, default 4)")
-    g.add_argument("--key-tokens", type=int, default=env_number("KEY_TOKENS", "64", int), help="(env CACHEROUTE_KEY_TOKENS, default 64)")
-    g.add_argument("--prefix-nodes", type=int, choices=(0, 1), default=env("PREFIX_NODES", "0"),
-                   help="1: prefix-aware routing (env CACHEROUTE_PREFIX_NODES, default 0)")
-    g.add_argument("--cold-tail", "--cold", dest="cold", default=env("COLD_TAIL", env("COLD", DEFAULT_COLD_TAIL)),
-                   choices=COLD_TAILS, help=f"cold-tail policy (env CACHEROUTE_COLD_TAIL, default {DEFAULT_COLD_TAIL})")
-    g.add_argument("--hold-limit", type=float, default=env_number("HOLD_LIMIT", "0", float),
-                   help="seconds a request may be held while KV is full, 0 = never (env CACHEROUTE_HOLD_LIMIT, default 0)")
-    g.add_argument("--poll-interval", type=float, default=env_number("POLL_INTERVAL", "0.25", float))
-    g.add_argument("--poll-timeout", type=float, default=env_number("POLL_TIMEOUT", "0.2", float))
-    g.add_argument("--telemetry-interval", type=float, default=env_number("TELEMETRY_INTERVAL", "0.5", float))
-    g.add_argument("--telemetry-capacity", type=int, default=env_number("TELEMETRY_CAPACITY", "100000", int))
-    g.add_argument("--max-batch", type=int, default=env_number("MAX_BATCH", "10000", int))
-    g.add_argument("--seed", type=int, default=int(env("SEED")) if env("SEED") else None)
-    g.add_argument("--caller-telemetry-rate", type=float, default=env_number("CALLER_TELEMETRY_RATE", "100", float),
-                   help="Route/RouteBatch arrivals/s one caller may add to the planner's input, 0 = unbounded "
-                        "(env CACHEROUTE_CALLER_TELEMETRY_RATE, default 100)")
-    g.add_argument("--caller-telemetry-burst", type=float, default=env_number("CALLER_TELEMETRY_BURST", "200", float),
-                   help="that budget's bucket size (env CACHEROUTE_CALLER_TELEMETRY_BURST, default 200)")
-    g.add_argument("--caller-telemetry-scope", default=env("CALLER_TELEMETRY_SCOPE", "shared"), choices=SCOPES,
-                   help="shared: one budget per caller across dispatchers, in the store (--redis); local: per "
-                        "dispatcher (env CACHEROUTE_CALLER_TELEMETRY_SCOPE, default shared)")
-    g.add_argument("--api-key", default=env("API_KEY") or None, help="accepted API key (env CACHEROUTE_API_KEY)")
-    g.add_argument("--api-key-file", default=env("API_KEY_FILE") or None,
-                   help="file of key[:tenant] lines (env CACHEROUTE_API_KEY_FILE)")
-    g.add_argument("--engine-kind", default=env("ENGINE_KIND", "cacheroute"), choices=KINDS,
-                   help="kind of replicas given without KIND+ (env CACHEROUTE_ENGINE_KIND, default cacheroute)")
-    g.add_argument("--workers", type=int, default=env_number("WORKERS", "0", int),
-                   help="worker processes sharing the ports, 0 = one per available core (env CACHEROUTE_WORKERS, "
-                        "default 0)")
-    g.add_argument("--uvloop", type=int, choices=(0, 1), default=env_number("UVLOOP", "1", int),
-                   help="1: run on uvloop (less CPU per request), 0: asyncio's default loop "
-                        "(env CACHEROUTE_UVLOOP, default 1)")
-    g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)   # set by the supervisor
-    add_http_flags(parser)
-    parser.add_argument("--ext-proc-port", type=int, default=env_number("EXT_PROC_PORT", "-1", int),
-                        help="Envoy ext_proc endpoint picker (Gateway API Inference Extension, "
-                             "services/dispatcher/extproc.py): -1 = off, 0 = ephemeral (env CACHEROUTE_EXT_PROC_PORT)")
-    args = parser.parse_args(argv)
-    if args.workers < 0:
-        parser.error("--workers must be >= 0 (0 = one per core)")
-    try:
-        replicas = parse_replicas(args.replicas or "", need_address=True)
-        for replica in replicas:
-            parse_endpoint(replica.address, args.engine_kind)
-    except ValueError as exc:
-        parser.error(f"--replicas: {exc}")
+def check_args(args: argparse.Namespace) -> None:
+    """The bounds argparse cannot say; a ValueError is the flag's error message."""
     if args.key_blocks < 1 or args.key_tokens < 1:
-        parser.error("--key-blocks and --key-tokens must be >= 1")
+        raise ValueError("--key-blocks and --key-tokens must be >= 1")
     if not (0 < args.poll_timeout and 0 < args.poll_interval):
-        parser.error("--poll-interval and --poll-timeout must be > 0")
+        raise ValueError("--poll-interval and --poll-timeout must be > 0")
     if args.eject_after < 1 or not 0.0 <= args.max_ejected_fraction <= 1.0 or not args.connect_timeout > 0 \
             or not args.first_byte_timeout > 0 or args.max_tenant_requests < 0 or not args.client_write_timeout > 0:
-        parser.error("--eject-after must be >= 1, --max-ejected-fraction in [0, 1], --connect-timeout, "
-                     "--first-byte-timeout and --client-write-timeout > 0, --max-tenant-requests >= 0")
+        raise ValueError("--eject-after must be >= 1, --max-ejected-fraction in [0, 1], --connect-timeout, "
+                         "--first-byte-timeout and --client-write-timeout > 0, --max-tenant-requests >= 0")
+
+
+def _parsed(what: str, build):
+    """`build()`, its OSError/ValueError prefixed with `what` (the flag it came from, or "")."""
     try:
-        budget = BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst,
-                              scope=args.caller_telemetry_scope)
-    except ValueError as exc:
-        parser.error(str(exc))
-    try:
-        timeouts = HttpTimeouts(header=args.http_header_timeout, body=args.http_body_timeout,
-                                idle=args.http_idle_timeout)
-    except ValueError as exc:
-        parser.error(str(exc))
+        return build()
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{what}: {exc}" if what else str(exc)) from None
+
+
+def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
+    if args.workers < 0:
+        raise ValueError("--workers must be >= 0 (0 = one per core)")
+    replicas = _parsed("--replicas", lambda: _replicas(args))
+    check_args(args)
+    budget = _parsed("", lambda: BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst,
+                                              scope=args.caller_telemetry_scope))
+    timeouts = _parsed("", lambda: HttpTimeouts(header=args.http_header_timeout, body=args.http_body_timeout,
+                                                idle=args.http_idle_timeout))
     server = server_config("dispatcher", args)
-    try:
-        ring = keyring(args.api_key, args.api_key_file, server.auth_token)
-    except (OSError, ValueError) as exc:
-        parser.error(f"--api-key-file: {exc}")
-    try:
-        keys = engine_keys(args.engine_api_key, args.engine_api_keys_file)
-    except (OSError, ValueError) as exc:
-        parser.error(f"--engine-api-keys-file: {exc}")
+    ring = _parsed("--api-key-file", lambda: keyring(args.api_key, args.api_key_file, server.auth_token))
+    keys = _parsed("--engine-api-keys-file", lambda: engine_keys(args.engine_api_key, args.engine_api_keys_file))
     http = http_config(args, timeouts)
     if args.worker_index is not None:   # one of several workers on shared ports
         server = dataclasses.replace(server, reuse_port=True, announce="worker serving")
@@ -244,6 +234,23 @@ def parse_args(argv: list[str] | None) -> DispatcherConfig:
         seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
         budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring, engine_keys=keys,
         ext_proc_port=args.ext_proc_port, uvloop=bool(args.uvloop))
+
+
+def _replicas(args: argparse.Namespace) -> tuple:
+    replicas = parse_replicas(args.replicas or "", need_address=True)
+    for replica in replicas:
+        parse_endpoint(replica.address, args.engine_kind)
+    return replicas
+
+
+def parse_args(argv: list[str] | None) -> DispatcherConfig:
+    """Flags and environment -> DispatcherConfig; a bad value exits 2 with argparse's usage line."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:

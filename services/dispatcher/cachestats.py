@@ -28,7 +28,7 @@ from typing import Sequence
 import grpc
 
 from cacheroute.v1 import collector_pb2
-from services.collector.sender import PeriodicSender
+from services.rpc.sender import PeriodicSender
 from services.rpc import TLSFiles, kv
 
 log = logging.getLogger("cacheroute.dispatcher.cachestats")

@@ -43,7 +43,7 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services import oai
+from services.http import oai
 from services.backends.base import Backend, EngineError
 from services.core.policy import NoHealthyReplica, Pick, Reason
 from services.dispatcher.cachestats import CacheUsage

@@ -9,7 +9,7 @@ for each request its ext_proc filter opens one `Process` stream and sends, in or
   request_headers   -> if the request carries `x-cacheroute-key` or has no body, pick now;
                        else answer CONTINUE and wait for the body
   request_body      -> chunks (STREAMED) or one message (BUFFERED) up to end_of_stream; then
-                       the OpenAI body is parsed as the HTTP front door parses it (services.oai),
+                       the OpenAI body is parsed as the HTTP front door parses it (services.http.oai),
                        the routing key derived as there (services/dispatcher/keys.py, rules 1-3)
                        and the plan picks (Router.route: planned / cold / fallback)
   response_headers, response_body, trailers -> CONTINUE (nothing changed)
@@ -39,7 +39,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from services import oai
+from services.http import oai
 from services.core import routing
 from services.core.policy import NoHealthyReplica, Reason
 from services.dispatcher.keys import KEY_HEADER, request_key

@@ -6,7 +6,7 @@ Endpoints (port `--http-port`, env CACHEROUTE_HTTP_PORT, default 8080; -1 off):
   GET  /health                                      200 while a replica is healthy, else 503
 
 A completion request is: API key -> body (at most `max_body_bytes`) -> JSON -> the few
-fields routing needs (services.oai) -> routing key (services.dispatcher.keys) -> one
+fields routing needs (services.http.oai) -> routing key (services.dispatcher.keys) -> one
 `Dispatcher.dispatch` (services.dispatcher.dispatch: the same route, retry, ejection and
 accounting as gRPC Generate) -> the replica's backend (services.backends), whose Reply is
 written to the client here:
@@ -19,7 +19,7 @@ written to the client here:
   (`"choices": []`) is dropped before it reaches the client. Usage figures go to
   services.dispatcher.cachestats.
 - `cacheroute` (the simulated gRPC engine): translated to Generate and rendered in
-  OpenAI's shapes (services.backends.cacheroute, services.oai.Renderer).
+  OpenAI's shapes (services.backends.cacheroute, services.http.oai.Renderer).
 
 Engine credentials: each HTTP replica may have its own API key (services.auth.EngineKeys,
 `--engine-api-key`, `--engine-api-keys-file`); with `forward_client_auth` the client's own
@@ -83,7 +83,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from services import oai
+from services.http import oai
 from services.auth import AuthError, KeyRing, bearer
 from services.backends.base import ApiCall, Backend, Deadlines, EngineError
 from services.core import routing
@@ -91,7 +91,7 @@ from services.dispatcher.budget import http_caller
 from services.dispatcher.dispatch import Dispatcher, Job, Served, http_error
 from services.dispatcher.keys import KEY_HEADER, PromptKeys, request_key, tenant_cache_salt
 from services.dispatcher.router import Router
-from services.httpserver import HttpTimeouts, start_http
+from services.http.server import HttpTimeouts, start_http
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class HttpConfig:
     tenant_cache_salt: bool = False       # vllm replicas: a per-tenant cache_salt (cache isolation)
     forward_client_auth: bool = False     # send the client's Authorization to HTTP engines
     reuse_port: bool = False              # share the port with sibling worker processes (SO_REUSEPORT)
-    timeouts: HttpTimeouts = HttpTimeouts()   # toward clients: header, body, idle (services.httpserver)
+    timeouts: HttpTimeouts = HttpTimeouts()   # toward clients: header, body, idle (services.http.server)
 
     @property
     def deadlines(self) -> Deadlines:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 from services.core import routing
-from services.oai import chat_text, content_text, prompt_text  # noqa: F401 - the canonical text
+from services.http.oai import chat_text, content_text, prompt_text  # noqa: F401 - the canonical text
 
 KEY_HEADER = "x-cacheroute-key"
 

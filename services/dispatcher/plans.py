@@ -2,7 +2,7 @@
 
 1. The planner's WatchPlans stream (include_table): an initial push, then every
    activation, rollback or mode change. Source "watch". A plan above the message limit
-   arrives as consecutive chunks (services.planwire); it is installed once complete.
+   arrives as consecutive chunks (services.wire.planwire); it is installed once complete.
 2. When the planner is unreachable (or none is configured): the active plan and mode read
    from Redis through the store, re-read on every retry round. Source "redis".
 3. When both are down: keep routing with the last good plan and mode.
@@ -45,13 +45,13 @@ import time
 import grpc
 
 from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
-from services import codec
+from services.wire import codec
 from services.core.engines import ACTIVE, DRAINING, REMOVED, Engine, EngineSet
 from services.dispatcher.monitor import ReplicaMonitor
 from services.dispatcher.router import Prepared, Router
 from services.errors import ServiceError
 from services.model import Mode, Replica
-from services.planwire import SliceAssembler
+from services.wire.planwire import SliceAssembler
 from services.rpc import Backoff, TLSFiles, aio_channel, kv, stop_tasks
 from services.store import Store
 

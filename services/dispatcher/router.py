@@ -47,7 +47,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from services import codec
+from services.wire import codec
 from services.core.plan import Plan
 from services.core.policies.cacheroute import CacheRoutePolicy, prefix_policy
 from services.core.policy import ClusterState, Pick, Reason

@@ -17,7 +17,7 @@ import grpc
 
 from cacheroute.v1 import collector_pb2
 from services.dispatcher.router import Router
-from services.collector.sender import PeriodicSender
+from services.rpc.sender import PeriodicSender
 from services.rpc import TLSFiles, kv
 
 log = logging.getLogger("cacheroute.dispatcher.telemetry")

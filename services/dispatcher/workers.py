@@ -22,7 +22,7 @@ This module is the supervisor, the parent of the workers. It serves nothing itse
   collectors: plan version, replica health and load are read from the router);
 - signals: SIGTERM or SIGINT is forwarded to every worker as SIGTERM (each goes NOT_SERVING
   and drains for its grace period); workers still running after grace + 5 s are killed;
-  every child is reaped. Workers die with the supervisor (services.stack's launcher:
+  every child is reaped. Workers die with the supervisor (services.local.launch:
   `setpriv --pdeathsig TERM`, the one answer to "die with the parent");
 - crashes: a worker that exits while serving is restarted after a backoff (0.5 s doubling
   to 5 s); one that fails before its first SERVING fails the start (exit 1).
@@ -54,7 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from services.rpc.logs import kv
-from services.stack import _launcher
+from services.local.launch import launcher
 
 log = logging.getLogger("cacheroute.dispatcher.workers")
 
@@ -136,9 +136,9 @@ class Worker:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, **{READY_FD_ENV: str(write_fd)})
         try:
-            # services.stack's launcher (setpriv --pdeathsig TERM): a preexec_fn runs Python in
+            # services.local.launch (setpriv --pdeathsig TERM): a preexec_fn runs Python in
             # the forked child, which can deadlock or abort once grpc has threads (issue 25)
-            self.proc = subprocess.Popen([*_launcher(), sys.executable, "-m", "services.dispatcher", *self.argv],
+            self.proc = subprocess.Popen([*launcher(), sys.executable, "-m", "services.dispatcher", *self.argv],
                                          env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL)
         finally:
             os.close(write_fd)

@@ -5,7 +5,7 @@ Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streaming SSE or
 `messages` or `prompt`, which vllm-router's cache_aware policy asks every worker for). Requests run on the same EngineRunner as
 gRPC Generate, so both share one KV cache and one queue.
 
-- Prompt: the request's canonical text (services.oai: chat messages as `role: content`
+- Prompt: the request's canonical text (services.http.oai: chat messages as `role: content`
   lines, or the completion prompt), tokenized like the gRPC `prompt` source
   (services.core.routing), so prefix caching works on shared system prompts.
 - Output: the simulated token stream (` t<id>` per token), `max_tokens` (or
@@ -35,7 +35,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from services import oai
+from services.http import oai
 from services.core import routing
 from services.engine.runner import TTFT_BUCKETS, EngineRunner
 from services.engine.servicer import Limits
@@ -219,7 +219,7 @@ class EngineHttpApi:
 async def start_engine_http(runner: EngineRunner, replica_id: str, model_name: str, limits: Limits,
                             host: str, port: int):
     """Serve the engine's HTTP API on host:port (0: ephemeral); returns (api, RunningHttp)."""
-    from services.httpserver import start_http
+    from services.http.server import start_http
 
     api = EngineHttpApi(runner, replica_id, model_name, limits)
     return api, await start_http(api.app(), host, port)

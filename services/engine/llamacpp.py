@@ -4,7 +4,7 @@ embedded llama-server) on loopback, for `cacheroute up --engine-kind llamacpp` a
 It serves llama.cpp's own OpenAI API (`/health`, `/v1/chat/completions`, `/v1/completions`,
 `/v1/models`, `/metrics` with `llamacpp:` names); dispatchers talk to it as kind `llamacpp`
 (services/backends/llamacpp.py records what was verified against this build). The process logs
-one JSON "http serving" line with its URL (what services.stack reads), then runs until SIGTERM.
+one JSON "http serving" line with its URL (what services.local.stack reads), then runs until SIGTERM.
 
 Knobs (flags; env in parentheses; defaults chosen for a small CPU machine):
   --model PATH          GGUF file (CACHEROUTE_LLAMACPP_MODEL), required

@@ -18,7 +18,7 @@ import grpc
 
 from cacheroute.v1 import collector_pb2
 from services.core.engine import EngineModel
-from services.collector.sender import PeriodicSender
+from services.rpc.sender import PeriodicSender
 from services.rpc import TLSFiles, kv
 
 log = logging.getLogger("cacheroute.engine.reporter")

@@ -46,7 +46,7 @@ class EngineService:
                                             token=config.server.auth_token)
                          if config.collector else None)
         self.running: RunningServer | None = None
-        self.http = None                # services.httpserver.RunningHttp when the HTTP API is on
+        self.http = None                # services.http.server.RunningHttp when the HTTP API is on
         self.http_api = None
 
     @property

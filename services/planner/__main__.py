@@ -74,7 +74,8 @@ from services.planner.control import LoopConfig, switching_config
 from services.planner.engines import parse_discovery
 from services.planner.gate import GateConfig
 from services.planner.service import PlannerConfig, serve
-from services.rpc import add_server_flags, env, env_number, run_service, server_config
+from services.flags import env, flag
+from services.rpc import add_server_flags, run_service, server_config
 from services.store import add_store_flags, telemetry_from_args
 
 
@@ -88,93 +89,88 @@ def parse_knobs(text: str, what: str = "switching") -> dict[str, float]:
     return knobs
 
 
+def add_planning_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("planning")
+    flag(g, "--replicas", env="REPLICAS", default="", shown='"", required unless --discover',
+         help="ids or id=addr pairs, comma-separated")
+    flag(g, "--q-cap", env="Q_CAP", default=20.0, type=float, help="req/s per replica at the knee")
+    flag(g, "--warm-slots", env="WARM_SLOTS", default=8, type=int, help="W, prefixes per replica")
+    flag(g, "--interval", env="INTERVAL", default=30.0, type=float, help="loop period, seconds")
+    flag(g, "--window", env="WINDOW_SECONDS", default=300.0, type=float, help="rate window, seconds")
+    flag(g, "--rate-horizon", env="RATE_HORIZON", default=0.0, type=float,
+         help="EWMA horizon of per-key rates, seconds; 0 = the last --window only")
+    flag(g, "--rate-history", env="RATE_HISTORY", default=0.0, type=float,
+         shown="0 = min(max(3 x horizon, window), retention)", help="longest span the EWMA reads, seconds")
+    flag(g, "--incremental", env="INCREMENTAL", default=1, type=int, choices=(0, 1),
+         help="1: churn-aware re-planning when available")
+    flag(g, "--prefix-nodes", env="PREFIX_NODES", default=0, type=int, choices=(0, 1), help="1: prefix-aware plans")
+    flag(g, "--cold-homes", env="COLD_HOMES", default=1, type=int, choices=(0, 1),
+         help="1: admit new keys on the replica the dispatchers' CHWBL cold tail sends them to, when balance allows")
+    flag(g, "--switch-knobs", env="SWITCH_KNOBS", default="", help="switching-rule knobs NAME=VALUE,...")
+    flag(g, "--planner-id", env="PLANNER_ID", default=f"{socket.gethostname()}-{os.getpid()}", shown="hostname-pid",
+         help="lease holder name")
+    flag(g, "--lease-ttl", env="LEASE_TTL", default=15.0, type=float, help="lease TTL, seconds")
+    flag(g, "--keep-versions", env="KEEP_VERSIONS", default=500, type=int, help="stored versions kept, 0 = all")
+    flag(g, "--auto", env="AUTO", default=1, type=int, choices=(0, 1), help="1: run the control loop")
+    flag(g, "--max-moves", env="MAX_MOVES", default=8, type=int, help="incremental rebalancing moves per loop, 0 = unbounded")
+
+
+def add_gate_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("shadow gate and automatic fallback")
+    flag(g, "--gate", env="GATE", default="off", choices=("on", "off"),
+         help="replay candidates against Flat-LB before activating them")
+    flag(g, "--gate-margin", env="GATE_MARGIN", default=0.10, type=float, help="required p99 or capacity improvement")
+    flag(g, "--gate-window", env="GATE_WINDOW", default=120.0, type=float, help="seconds of arrivals replayed")
+    flag(g, "--gate-profile", env="GATE_PROFILE", default=env("PROFILE", "llama3-8b-h100"),
+         shown="$CACHEROUTE_PROFILE or llama3-8b-h100", help="engine profile of the replay")
+    kv_blocks = env("GATE_KV_BLOCKS", env("KV_BLOCKS"))
+    flag(g, "--gate-kv-blocks", env="GATE_KV_BLOCKS", default=int(kv_blocks) if kv_blocks else None, type=int,
+         shown="$CACHEROUTE_KV_BLOCKS or the profile's", help="KV blocks per replica in the replay")
+    flag(g, "--gate-time-scale", env="GATE_TIME_SCALE", default=float(env("GATE_TIME_SCALE", env("TIME_SCALE", "1"))),
+         type=float, shown="$CACHEROUTE_TIME_SCALE or 1", help="the engines' time scale, wall seconds per model second")
+    flag(g, "--gate-slo", env="GATE_SLO", default=3.5, type=float, help="p99 TTFT SLO in seconds for the capacity estimate")
+    flag(g, "--gate-timeout", env="GATE_TIMEOUT", default=30.0, type=float,
+         help="seconds one replay may take; an overrun fails the gate")
+    flag(g, "--gate-max-requests", env="GATE_MAX_REQUESTS", default=2000, type=int, help="latest records replayed")
+    flag(g, "--cold-tail", env="COLD_TAIL", default=DEFAULT_COLD_TAIL, choices=COLD_TAILS,
+         help="the dispatchers' cold tail, replayed with the candidate")
+    flag(g, "--fallback-knobs", env="FALLBACK_KNOBS", default="",
+         help="key_tolerance=,p99_tolerance=,p99_slack= (services.core.shadow.FallbackConfig)")
+
+
+def add_repair_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("live failure repair")
+    flag(g, "--repair", env="REPAIR", default=1, type=int, choices=(0, 1),
+         help="1: health-check id=host:port replicas and repair the active plan")
+    flag(g, "--engine-kind", env="ENGINE_KIND", default="cacheroute",
+         choices=("cacheroute", "vllm", "sglang", "llamacpp", "openai"),
+         help="kind of replica addresses given without KIND+, as the dispatchers'")
+    flag(g, "--discover", env="DISCOVER", default="", help="[KIND+][http://]NAME:PORT: engines from every address NAME "
+         "resolves to, re-resolved periodically (services/planner/engines.py)")
+    flag(g, "--discover-interval", env="DISCOVER_INTERVAL", default=10.0, type=float,
+         help="seconds between resolutions of --discover")
+    flag(g, "--health-interval", env="HEALTH_INTERVAL", default=0.5, type=float, help="seconds between health checks")
+    flag(g, "--health-timeout", env="HEALTH_TIMEOUT", default=0.3, type=float, help="deadline of one health check, seconds")
+    flag(g, "--repair-grace", env="REPAIR_GRACE", default=2.0, type=float,
+         help="seconds a replica stays down before its keys move")
+    a = p.add_argument_group("capacity advisor (services/planner/advisor.py)")
+    flag(a, "--advise-slo-p99", env="ADVISE_SLO_P99", default=0.0, type=float, shown="0 = off",
+         help="export cacheroute_recommended_replicas for this p99 TTFT SLO, seconds")
+    flag(a, "--advise-profile", env="ADVISE_PROFILE", default="llama3-8b-h100", help="engine profile the advisor simulates")
+    flag(a, "--advise-interval", env="ADVISE_INTERVAL", default=60.0, type=float,
+         help="seconds between advices, its own loop (one costs up to ~12 CPU s for 8 replicas, in a worker process)")
+    flag(a, "--advise-output-tokens", env="ADVISE_OUTPUT_TOKENS", default=DEFAULT_OUTPUT_TOKENS, type=int,
+         help="output tokens per request when the telemetry window measured none")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cacheroute serve planner", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_flags(p, default_port=50051, default_metrics_port=9151)
     add_store_flags(p)
-    g = p.add_argument_group("planning")
-    g.add_argument("--replicas", default=env("REPLICAS"), help="ids or id=addr pairs, comma-separated (env CACHEROUTE_REPLICAS)")
-    g.add_argument("--q-cap", type=float, default=env_number("Q_CAP", "20", float), help="req/s per replica at the knee (default 20)")
-    g.add_argument("--warm-slots", type=int, default=env_number("WARM_SLOTS", "8", int), help="W, prefixes per replica (default 8)")
-    g.add_argument("--interval", type=float, default=env_number("INTERVAL", "30", float), help="loop period, seconds (default 30)")
-    g.add_argument("--window", type=float, default=env_number("WINDOW_SECONDS", "300", float), help="rate window, seconds (default 300)")
-    g.add_argument("--rate-horizon", type=float, default=env_number("RATE_HORIZON", "0", float),
-                   help="EWMA horizon of per-key rates, seconds; 0 = the last --window only (default 0)")
-    g.add_argument("--rate-history", type=float, default=env_number("RATE_HISTORY", "0", float),
-                   help="longest span the EWMA reads, seconds (default min(max(3 x horizon, window), retention))")
-    g.add_argument("--incremental", type=int, choices=(0, 1), default=env_number("INCREMENTAL", "1", int),
-                   help="1: churn-aware re-planning when available (default 1)")
-    g.add_argument("--prefix-nodes", type=int, choices=(0, 1), default=env_number("PREFIX_NODES", "0", int),
-                   help="1: prefix-aware plans (env CACHEROUTE_PREFIX_NODES, default 0)")
-    g.add_argument("--cold-homes", type=int, choices=(0, 1), default=env_number("COLD_HOMES", "1", int),
-                   help="1: admit new keys on the replica the dispatchers' CHWBL cold tail sends them to, when "
-                        "balance allows (env CACHEROUTE_COLD_HOMES, default 1)")
-    g.add_argument("--switch-knobs", default=env("SWITCH_KNOBS", ""),
-                   help="switching-rule knobs NAME=VALUE,... (env CACHEROUTE_SWITCH_KNOBS)")
-    g.add_argument("--planner-id", default=env("PLANNER_ID", f"{socket.gethostname()}-{os.getpid()}"),
-                   help="lease holder name (env CACHEROUTE_PLANNER_ID, default hostname-pid)")
-    g.add_argument("--lease-ttl", type=float, default=env_number("LEASE_TTL", "15", float), help="lease TTL, seconds (default 15)")
-    g.add_argument("--keep-versions", type=int, default=env_number("KEEP_VERSIONS", "500", int),
-                   help="stored versions kept, 0 = all (default 500)")
-    g.add_argument("--auto", type=int, choices=(0, 1), default=env_number("AUTO", "1", int),
-                   help="1: run the control loop (default 1)")
-    g.add_argument("--max-moves", type=int, default=env_number("MAX_MOVES", "8", int),
-                   help="incremental rebalancing moves per loop, 0 = unbounded (env CACHEROUTE_MAX_MOVES, default 8)")
-    g = p.add_argument_group("shadow gate and automatic fallback")
-    g.add_argument("--gate", choices=("on", "off"), default=env("GATE", "off"),
-                   help="replay candidates against Flat-LB before activating them (env CACHEROUTE_GATE, default off)")
-    g.add_argument("--gate-margin", type=float, default=env_number("GATE_MARGIN", "0.10", float),
-                   help="required p99 or capacity improvement (default 0.10)")
-    g.add_argument("--gate-window", type=float, default=env_number("GATE_WINDOW", "120", float),
-                   help="seconds of arrivals replayed (default 120)")
-    g.add_argument("--gate-profile", default=env("GATE_PROFILE", env("PROFILE", "llama3-8b-h100")),
-                   help="engine profile of the replay (env CACHEROUTE_GATE_PROFILE, else CACHEROUTE_PROFILE)")
-    kv_blocks = env("GATE_KV_BLOCKS", env("KV_BLOCKS"))
-    g.add_argument("--gate-kv-blocks", type=int, default=int(kv_blocks) if kv_blocks else None,
-                   help="KV blocks per replica in the replay (default: the profile's)")
-    g.add_argument("--gate-time-scale", type=float, default=float(env("GATE_TIME_SCALE", env("TIME_SCALE", "1"))),
-                   help="the engines' time scale, wall seconds per model second (default 1)")
-    g.add_argument("--gate-slo", type=float, default=env_number("GATE_SLO", "3.5", float),
-                   help="p99 TTFT SLO in seconds for the capacity estimate (default 3.5)")
-    g.add_argument("--gate-timeout", type=float, default=env_number("GATE_TIMEOUT", "30", float),
-                   help="seconds one replay may take; an overrun fails the gate (default 30)")
-    g.add_argument("--gate-max-requests", type=int, default=env_number("GATE_MAX_REQUESTS", "2000", int),
-                   help="latest records replayed (default 2000)")
-    g.add_argument("--cold-tail", choices=COLD_TAILS, default=env("COLD_TAIL", DEFAULT_COLD_TAIL),
-                   help=f"the dispatchers' cold tail, replayed with the candidate (default {DEFAULT_COLD_TAIL})")
-    g.add_argument("--fallback-knobs", default=env("FALLBACK_KNOBS", ""),
-                   help="key_tolerance=,p99_tolerance=,p99_slack= (services.core.shadow.FallbackConfig)")
-    g = p.add_argument_group("live failure repair")
-    g.add_argument("--repair", type=int, choices=(0, 1), default=env_number("REPAIR", "1", int),
-                   help="1: health-check id=host:port replicas and repair the active plan (default 1)")
-    g.add_argument("--engine-kind", default=env("ENGINE_KIND", "cacheroute"),
-                   choices=("cacheroute", "vllm", "sglang", "llamacpp", "openai"),
-                   help="kind of replica addresses given without KIND+, as the dispatchers' (env CACHEROUTE_ENGINE_KIND)")
-    g.add_argument("--discover", default=env("DISCOVER", ""),
-                   help="[KIND+][http://]NAME:PORT: engines from every address NAME resolves to, re-resolved "
-                        "periodically (services/planner/engines.py; env CACHEROUTE_DISCOVER)")
-    g.add_argument("--discover-interval", type=float, default=env_number("DISCOVER_INTERVAL", "10", float),
-                   help="seconds between resolutions of --discover (default 10)")
-    g.add_argument("--health-interval", type=float, default=env_number("HEALTH_INTERVAL", "0.5", float),
-                   help="seconds between health checks (default 0.5)")
-    g.add_argument("--health-timeout", type=float, default=env_number("HEALTH_TIMEOUT", "0.3", float),
-                   help="deadline of one health check, seconds (default 0.3)")
-    g.add_argument("--repair-grace", type=float, default=env_number("REPAIR_GRACE", "2", float),
-                   help="seconds a replica stays down before its keys move (default 2)")
-    a = p.add_argument_group("capacity advisor (services/planner/advisor.py)")
-    a.add_argument("--advise-slo-p99", type=float, default=env_number("ADVISE_SLO_P99", "0", float),
-                   help="export cacheroute_recommended_replicas for this p99 TTFT SLO, seconds "
-                        "(env CACHEROUTE_ADVISE_SLO_P99; 0 = off)")
-    a.add_argument("--advise-profile", default=env("ADVISE_PROFILE", "llama3-8b-h100"),
-                   help="engine profile the advisor simulates (env CACHEROUTE_ADVISE_PROFILE)")
-    a.add_argument("--advise-interval", type=float, default=env_number("ADVISE_INTERVAL", "60", float),
-                   help="seconds between advices, its own loop (one costs up to ~12 CPU s for 8 replicas, in a worker "
-                        "process; env CACHEROUTE_ADVISE_INTERVAL, default 60)")
-    a.add_argument("--advise-output-tokens", type=int,
-                   default=env_number("ADVISE_OUTPUT_TOKENS", str(DEFAULT_OUTPUT_TOKENS), int),
-                   help="output tokens per request when the telemetry window measured none "
-                        f"(env CACHEROUTE_ADVISE_OUTPUT_TOKENS, default {DEFAULT_OUTPUT_TOKENS})")
+    add_planning_flags(p)
+    add_gate_flags(p)
+    add_repair_flags(p)
     return p
 
 

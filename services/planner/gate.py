@@ -45,7 +45,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from services import codec
+from services.wire import codec
 from services.core import shadow
 from services.core.engine import get_profile
 from services.core.plan import Plan, ShadowReport

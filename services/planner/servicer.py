@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 
 from cacheroute.v1 import common_pb2, planner_pb2, planner_pb2_grpc
-from services import codec, planwire
+from services.wire import codec, planwire
 from services.core.plan import Plan
 from services.core.planning import plan_diff
 from services.core.engines import EngineConflict, EngineNotFound, EngineSet

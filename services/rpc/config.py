@@ -4,9 +4,10 @@ and `ServerConfig`.
 Environment variables (flags override them; documented defaults in parentheses):
   CACHEROUTE_HOST (127.0.0.1)            address to bind
   CACHEROUTE_METRICS_HOST (127.0.0.1)    Prometheus HTTP bind address
-  CACHEROUTE_AUTH_TOKEN / _FILE          bearer token required on control, telemetry and data-plane RPCs,
-                                         and sent by the services that call them (none)
-  CACHEROUTE_TLS_CERT, _TLS_KEY          server certificate and key (PEM files; plaintext if unset)
+  CACHEROUTE_PORT, CACHEROUTE_METRICS_PORT  gRPC and Prometheus ports (defaults in each service's __main__)
+  CACHEROUTE_AUTH_TOKEN / CACHEROUTE_AUTH_TOKEN_FILE  bearer token required on control, telemetry and
+                                         data-plane RPCs, and sent by the services that call them (none)
+  CACHEROUTE_TLS_CERT, CACHEROUTE_TLS_KEY  server certificate and key (PEM files; plaintext if unset)
   CACHEROUTE_TLS_CLIENT_CA               require client certificates signed by this CA (mTLS)
   CACHEROUTE_TLS_CA                      CA that clients use to verify servers
   CACHEROUTE_MAX_MESSAGE_BYTES (8388608) gRPC send/receive limit
@@ -20,7 +21,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from services.flags import env, env_number
+from services.flags import env, env_number, flag
 from services.rpc.tls import TLSFiles
 
 __all__ = ["ServerConfig", "add_server_flags", "env", "env_number", "read_secret", "server_config"]
@@ -53,22 +54,22 @@ class ServerConfig:
 def add_server_flags(parser: argparse.ArgumentParser, *, default_port: int, default_metrics_port: int) -> None:
     """Flags every service shares. Defaults come from CACHEROUTE_* env vars, then the given values."""
     g = parser.add_argument_group("server")
-    g.add_argument("--host", default=env("HOST", "127.0.0.1"), help="bind address (env CACHEROUTE_HOST)")
-    g.add_argument("--port", type=int, default=env_number("PORT", str(default_port), int),
-                   help=f"gRPC port, 0 = ephemeral (env CACHEROUTE_PORT, default {default_port})")
-    g.add_argument("--metrics-host", default=env("METRICS_HOST", "127.0.0.1"))
-    g.add_argument("--metrics-port", type=int, default=env_number("METRICS_PORT", str(default_metrics_port), int),
-                   help=f"Prometheus port, -1 = off, 0 = ephemeral (env CACHEROUTE_METRICS_PORT, default {default_metrics_port})")
-    g.add_argument("--auth-token-file", default=env("AUTH_TOKEN_FILE") or None,
-                   help="file holding the bearer token (or env CACHEROUTE_AUTH_TOKEN): required on protected RPCs, "
-                        "sent on this service's telemetry calls")
-    g.add_argument("--tls-cert", default=env("TLS_CERT") or None)
-    g.add_argument("--tls-key", default=env("TLS_KEY") or None)
-    g.add_argument("--tls-client-ca", default=env("TLS_CLIENT_CA") or None, help="require client certs (mTLS)")
-    g.add_argument("--tls-ca", default=env("TLS_CA") or None, help="CA for verifying the services this one calls")
-    g.add_argument("--max-message-bytes", type=int, default=env_number("MAX_MESSAGE_BYTES", str(8 * 1024 * 1024), int))
-    g.add_argument("--grace-seconds", type=float, default=env_number("GRACE_SECONDS", "5", float))
-    g.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    flag(g, "--host", env="HOST", default="127.0.0.1", help="bind address")
+    flag(g, "--port", env="PORT", default=default_port, type=int, help="gRPC port, 0 = ephemeral")
+    flag(g, "--metrics-host", env="METRICS_HOST", default="127.0.0.1", help="Prometheus HTTP bind address")
+    flag(g, "--metrics-port", env="METRICS_PORT", default=default_metrics_port, type=int,
+         help="Prometheus port, -1 = off, 0 = ephemeral")
+    flag(g, "--auth-token-file", env="AUTH_TOKEN_FILE", default=None,
+         help="file holding the bearer token (or the token itself in CACHEROUTE_AUTH_TOKEN): required on "
+              "protected RPCs, sent on this service's telemetry calls")
+    flag(g, "--tls-cert", env="TLS_CERT", default=None, shown="none = plaintext", help="server certificate (PEM)")
+    flag(g, "--tls-key", env="TLS_KEY", default=None, help="server key (PEM)")
+    flag(g, "--tls-client-ca", env="TLS_CLIENT_CA", default=None, help="require client certs (mTLS)")
+    flag(g, "--tls-ca", env="TLS_CA", default=None, help="CA for verifying the services this one calls")
+    flag(g, "--max-message-bytes", env="MAX_MESSAGE_BYTES", default=8 * 1024 * 1024, type=int,
+         help="gRPC send/receive limit")
+    flag(g, "--grace-seconds", env="GRACE_SECONDS", default=5.0, type=float, help="shutdown grace period")
+    flag(g, "--log-level", env="LOG_LEVEL", default="INFO", help="log level")
 
 
 def server_config(name: str, args: argparse.Namespace) -> ServerConfig:

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import orjson
 
-from services import codec
+from services.wire import codec
 from services.core.engines import EngineSet, engines_from_dict, engines_to_dict
 from services.core.plan import Plan
 from services.core.table import MAX_REPLICAS, ColumnarRates, ColumnarTable
@@ -108,7 +108,7 @@ def merge_counters(into: dict[str, list[int]], fields: dict[str, int]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# values: plans (services.codec owns the format), the arrival log, history and events
+# values: plans (services.wire.codec owns the format), the arrival log, history and events
 
 
 # A plan of COLUMNS_FROM_KEYS keys or more is stored in columns rather than as JSON: reading a

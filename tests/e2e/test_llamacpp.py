@@ -37,9 +37,10 @@ from services.dispatcher.http import HttpConfig
 from services.dispatcher.keys import request_key
 from services.model import parse_replicas
 from services.engine.llamacpp import smollm2_gguf
-from services.oai import chat_text
+from services.http.oai import chat_text
 from services.rpc import ServerConfig
-from services.stack import _launcher, parse_http_line
+from services.local.launch import launcher
+from services.local.stack import parse_http_line
 
 # CPU-bound: ~13 cold prefills of ~500 tokens on one thread per replica. 248-292 s on the shared
 # development VM at load average 10-15 (over 420 s at 19); issue 11 measured an 847-token cold prefill
@@ -81,7 +82,7 @@ def start_replicas(model: str, log_dir: Path, n: int = 2) -> tuple[list[subproce
         log = log_dir / f"llamacpp-{i}.log"
         # `setpriv --pdeathsig`: the replicas die with this process, also when a test run is killed
         # (no preexec_fn: forking Python code deadlocks against grpc's fork handlers)
-        procs.append(subprocess.Popen([*_launcher(), sys.executable, "-m", "services.engine.llamacpp", "--model", model,
+        procs.append(subprocess.Popen([*launcher(), sys.executable, "-m", "services.engine.llamacpp", "--model", model,
                                        "--threads", "1", "--ctx", "2048", "--parallel", "2", "--alias", "smollm2"],
                                       stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True))
         logs.append(log)
@@ -201,7 +202,7 @@ def test_two_llamacpp_replicas_behind_a_dispatcher_planned_vs_flat(tmp_path, cap
 def test_the_local_stack_with_llamacpp_replicas_streams_through_the_openai_sdk():
     """What `cacheroute up --engine-kind llamacpp --model PATH` starts: Redis, collector, planner,
     a real llama.cpp replica and a dispatcher; the SDK streams a completion through the dispatcher."""
-    from services.stack import Stack, StackConfig
+    from services.local.stack import Stack, StackConfig
 
     model = smollm2_gguf()
     assert model

@@ -21,7 +21,7 @@ import random
 import openai
 import pytest
 
-from services.stack import Stack, StackConfig
+from services.local.stack import Stack, StackConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

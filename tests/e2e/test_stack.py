@@ -1,4 +1,4 @@
-"""The whole stack as processes on loopback (services.stack): embedded redis-server,
+"""The whole stack as processes on loopback (services.local.stack): embedded redis-server,
 collector, planner (control loop off: the test drives every plan change), 4 engine
 replicas (8B profile with a small KV pool), 2 dispatchers.
 
@@ -25,7 +25,7 @@ from cacheroute.v1 import common_pb2
 from clients.client import AsyncCacheRouteClient
 from clients.loadgen import Summary, drive, relabel, spread_clients, summarize, window
 from services.core.workloads import make_workload
-from services.stack import Stack, StackConfig
+from services.local.stack import Stack, StackConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

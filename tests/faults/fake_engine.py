@@ -24,7 +24,7 @@ import asyncio
 import orjson
 from aiohttp import web
 
-from services.httpserver import start_http
+from services.http.server import start_http
 
 MODES = ("ok", "stream", "crlf", "500", "hang", "headers", "garbage", "close", "slow")
 

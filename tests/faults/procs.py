@@ -2,7 +2,7 @@
 wait until it is SERVING, kill -9 it on purpose, and always clean up.
 
 Each child binds port 0 and logs its bound address in the "serving" line written by
-`services.rpc.start_server` (read with `services.stack.parse_serving_line`), so no port is
+`services.rpc.start_server` (read with `services.local.stack.parse_serving_line`), so no port is
 picked in advance. A restarted child can be pinned to its old port with `--port`.
 Children get PR_SET_PDEATHSIG(SIGKILL) so a killed test run cannot leak them,
 and `Procs.cleanup()` SIGKILLs whatever is left at teardown, pass or fail.
@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from services.healthcheck import is_serving
-from services.stack import SERVICE_NAMES, _launcher, parse_serving_line
+from services.rpc.healthcheck import is_serving
+from services.local.launch import launcher
+from services.local.stack import SERVICE_NAMES, parse_serving_line
 
 COMMON = ["--host", "127.0.0.1", "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--grace-seconds", "0.5",
           "--log-level", "INFO"]
@@ -55,10 +56,10 @@ class ServiceProc:
         # a dispatcher: its OpenAI HTTP API ephemeral too, and one process unless the test asks for
         # workers (the dispatcher's own default is one worker per core)
         http = ["--http-port", "0", "--workers", "1"] if self.kind == "dispatcher" else []
-        # `setpriv --pdeathsig` (services.stack), not a preexec_fn: Python code run in the forked
+        # `setpriv --pdeathsig` (services.local.launch), not a preexec_fn: Python code run in the forked
         # child meets grpc's fork handlers, and a child aborted with "epoll_wait error: Bad file
         # descriptor" once this process had grpc channels open
-        argv = [*_launcher(), sys.executable, "-m", f"services.{self.kind}", *COMMON, "--port", str(self.port),
+        argv = [*launcher(), sys.executable, "-m", f"services.{self.kind}", *COMMON, "--port", str(self.port),
                 *http, *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

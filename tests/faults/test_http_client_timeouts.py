@@ -26,7 +26,7 @@ import pytest
 
 from services.dispatcher.http import HttpConfig
 from services.dispatcher.service import DispatcherConfig, serve
-from services.httpserver import HttpTimeouts
+from services.http.server import HttpTimeouts
 from services.model import parse_replicas
 from services.rpc import ServerConfig
 from tests.faults.fake_engine import FakeEngine

@@ -29,9 +29,9 @@ from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.http import HttpConfig
 from services.model import parse_replicas
 from services.engine.fleet import EngineFleet
-from services.httpserver import start_http
+from services.http.server import start_http
 from services.rpc import ServerConfig
-from services.stack import _launcher
+from services.local.launch import launcher
 from tests.integration.test_dispatcher import hand_plan, wait_until
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
@@ -201,7 +201,7 @@ def test_ejection_takes_failures_in_a_row_and_never_empties_the_rotation():
 
 def spawn_engine(tmp_path: Path, time_scale: float) -> tuple[subprocess.Popen, str]:
     log = tmp_path / "engine.log"
-    proc = subprocess.Popen([*_launcher(), sys.executable, "-m", "services.engine", "--host", "127.0.0.1", "--port", "0",
+    proc = subprocess.Popen([*launcher(), sys.executable, "-m", "services.engine", "--host", "127.0.0.1", "--port", "0",
                              "--metrics-port", "-1", "--http-port", "0", "--replica-id", "e0",
                              "--time-scale", str(time_scale)],
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT,

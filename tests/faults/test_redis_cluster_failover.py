@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from clients import CacheRouteClient
-from services.localcluster import RedisClusterProcess
+from services.local.redis_cluster import RedisClusterProcess
 from services.store import HISTORY_MAX, RedisStore
 from tests.faults.procs import Procs
 from tests.faults.test_planner_crash import wait_for

@@ -18,7 +18,7 @@ import pytest
 
 from cacheroute.v1 import collector_pb2, collector_pb2_grpc
 from clients import CacheRouteClient
-from services.localredis import RedisProcess
+from services.local.redis_server import RedisProcess
 from tests.faults.procs import Procs
 from tests.faults.test_planner_crash import wait_for
 

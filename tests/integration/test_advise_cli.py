@@ -1,4 +1,4 @@
-"""`cacheroute advise` on a running stack (services/stack.py, 8 simulated engines): Route
+"""`cacheroute advise` on a running stack (services/local/stack.py, 8 simulated engines): Route
 calls reach the collector's window, and the command prints its table for N-k..N+k in under
 30 s."""
 
@@ -12,7 +12,7 @@ import pytest
 from cacheroute.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 
 from clients.cli import main as cli
-from services.stack import Stack, StackConfig
+from services.local.stack import Stack, StackConfig
 
 
 @pytest.mark.timeout(150)

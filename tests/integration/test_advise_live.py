@@ -19,7 +19,7 @@ import pytest
 from cacheroute.v1 import dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2
 
 from clients.cli import main as cli
-from services.stack import Stack, StackConfig
+from services.local.stack import Stack, StackConfig
 
 WINDOW = 8.0                         # seconds of telemetry the planner's advisor reads
 OUTPUT = 48                          # tokens per Generate call: what the engines report back

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from services.backends import BackendDown, make_backend
 from services.engine.fleet import EngineFleet
-from services.httpserver import start_http
+from services.http.server import start_http
 from services.planner.repair import ReplicaHealth
 from tests.integration.test_dispatcher import wait_until
 

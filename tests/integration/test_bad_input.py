@@ -30,7 +30,7 @@ from services.collector.service import CollectorConfig, CollectorService
 from services.dispatcher.service import DispatcherConfig, DispatcherService
 from services.dispatcher.servicer import KeyRules
 from services.engine.service import EngineConfig, EngineService
-from services.localredis import RedisProcess
+from services.local.redis_server import RedisProcess
 from services.model import parse_replicas
 from services.planner.control import LoopConfig
 from services.planner.service import PlannerConfig, PlannerService

@@ -1,5 +1,5 @@
 """Every metric the Grafana dashboard queries (scripts/gen_dashboard.py) is exported by a
-running local stack (services/stack.py): scrape each service's metrics port and each engine's
+running local stack (services/local/stack.py): scrape each service's metrics port and each engine's
 HTTP /metrics, a little traffic first so the request-path families have been touched."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.stack import Stack, StackConfig
+from services.local.stack import Stack, StackConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))

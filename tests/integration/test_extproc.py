@@ -13,7 +13,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from services import oai
+from services.http import oai
 from services.core import routing
 from services.dispatcher.__main__ import parse_args
 from services.dispatcher.extproc import DESTINATION_HEADER, endpoint_of

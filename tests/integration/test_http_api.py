@@ -17,7 +17,7 @@ from services.dispatcher.http import HttpConfig
 from services.dispatcher.keys import request_key
 from services.model import parse_replicas
 from services.engine.fleet import EngineFleet
-from services.oai import chat_text
+from services.http.oai import chat_text
 from services.rpc import ServerConfig
 from services.store import RedisStore
 from tests.integration.test_dispatcher import DEAD, hand_plan, wait_until

@@ -235,7 +235,7 @@ def test_protocol_errors_are_openai_shaped_400s_and_one_log_line(caplog):
 
     from aiohttp import web
 
-    from services.httpserver import start_http
+    from services.http.server import start_http
 
     async def main():
         running = await start_http(web.Application(), "127.0.0.1", 0)

@@ -1,7 +1,7 @@
 """A dispatcher keeps answering while it installs a large plan (issue 22): the plan is decoded,
 indexed and prepared off its event loop and swapped in at once.
 
-Processes as in production (services/stack.py); probes on gRPC Route and HTTP /health every
+Processes as in production (services/local/stack.py); probes on gRPC Route and HTTP /health every
 5 ms from this process while a 400,000-key plan is activated. Bounded and robust on a loaded
 machine: no probe may fail and none may wait more than MAX_WAIT (or 4x the idle noise), and
 the dispatcher must route by the new plan. Checked to fail when the decode runs on the loop.

@@ -12,9 +12,9 @@ import time
 import orjson
 import pytest
 
-from services.healthcheck import main as healthcheck
-from services.localredis import free_port
-from services.stack import SERVICE_NAMES
+from services.rpc.healthcheck import main as healthcheck
+from services.local.redis_server import free_port
+from services.local.stack import SERVICE_NAMES
 
 
 def _alive(pid: int) -> bool:

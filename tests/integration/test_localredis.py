@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import redis
 
-from services.localredis import RedisProcess
+from services.local.redis_server import RedisProcess
 
 
 def test_spawned_redis_answers_and_persists_with_aof(tmp_path):

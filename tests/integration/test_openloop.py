@@ -73,7 +73,7 @@ def test_engine_tokenize_answers_like_vllm():
     import aiohttp
 
     from services.core import routing
-    from services.oai import chat_text
+    from services.http.oai import chat_text
 
     async def main():
         fleet = await EngineFleet(1, time_scale=0.05, http=True).start()

@@ -15,7 +15,7 @@ import asyncio
 import time
 
 from cacheroute.v1 import planner_pb2 as pb, planner_pb2_grpc
-from services import codec
+from services.wire import codec
 from services.core.plan import Plan
 from services.planner.control import LoopConfig
 from services.planner.service import PlannerConfig, PlannerService

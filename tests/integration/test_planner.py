@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.v1 import common_pb2, planner_pb2 as pb, planner_pb2_grpc
 from services.core.plan import SwitchDecision
-from services.localredis import RedisProcess
+from services.local.redis_server import RedisProcess
 from services.planner.__main__ import config_from_args, build_parser, main
 from services.planner.control import LoopConfig
 from services.planner.service import PlannerConfig, PlannerService

@@ -24,7 +24,7 @@ from services.collector.service import CollectorConfig, CollectorService
 from services.dispatcher.service import DispatcherConfig, DispatcherService
 from services.engine.service import EngineConfig, EngineService
 from services.errors import Unavailable
-from services.localredis import RedisProcess, find_redis_server, free_port
+from services.local.redis_server import RedisProcess, find_redis_server, free_port
 from services.model import parse_replicas
 from services.planner.control import LoopConfig
 from services.planner.service import PROTECTED, PlannerConfig, PlannerService

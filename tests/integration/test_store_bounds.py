@@ -13,7 +13,7 @@ import redis
 
 from cacheroute.v1 import collector_pb2 as pb, collector_pb2_grpc
 from services.collector.service import CollectorConfig, CollectorService
-from services.localredis import RedisProcess
+from services.local.redis_server import RedisProcess
 from services.rpc import ServerConfig
 from services.store import ArrivalRecord, CacheStatRecord, MemoryStore, RedisStore, TelemetryConfig
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from services.core.plan import Plan, SwitchDecision
-from services.localcluster import key_slot
+from services.local.redis_cluster import key_slot
 from services.store.connect import sync_client
 from services.store import ArrivalRecord, Mode, RedisStore, TelemetryConfig
 

@@ -380,7 +380,7 @@ def test_unreachable_redis_raises_unavailable():
 
 
 def test_redis_restart_reconnects_on_next_call(redis_server):
-    from services.localredis import RedisProcess
+    from services.local.redis_server import RedisProcess
 
     async def scenario(server):
         store = RedisStore(server.url, timeout=0.5)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from clients.cli import main
-from services.codec import read_plan_file
+from services.wire.codec import read_plan_file
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.codec import (plan_from_json, plan_from_proto, plan_summary, plan_to_dict, plan_to_json,
+from services.wire.codec import (plan_from_json, plan_from_proto, plan_summary, plan_to_dict, plan_to_json,
                             plan_to_proto, read_plan_file, write_plan_file)
 from services.core.plan import ShadowReport, SwitchDecision
 from services.core.planning import build_plan
@@ -110,7 +110,7 @@ def test_a_plans_columns_are_computed_once_per_plan_object():
     """The planner writes a plan (encode_plan computes its columns) and then sends the same
     object to its watchers: the second table_columns is the first one's result. A plan
     derived from it (dataclasses.replace) gets columns of its own table."""
-    from services import codec
+    from services.wire import codec
     from services.store.keys import decode_plan, encode_plan
 
     keys = [f"key-{i}" for i in range(3000)]

@@ -90,7 +90,7 @@ def test_empty_table():
 
 
 def test_the_router_installs_a_columnar_plan_reindexed_in_one_swap():
-    from services import codec
+    from services.wire import codec
     from services.core.planning import build_plan
     from services.core.policy import Reason
     from services.dispatcher.router import Router
@@ -159,7 +159,7 @@ def test_installing_a_columnar_plan_runs_no_python_per_key():
     50,000 keys as at 5,000 (the policy's ring and per-chunk steps are fixed costs), not one
     or more per key: the policy's row check used to walk every row as a tuple (a generator
     step per key, ~0.6 CPU s at a million keys)."""
-    from services import codec
+    from services.wire import codec
     from services.core.plan import Plan
     from services.dispatcher.router import Router
     from services.model import Replica

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.core.engine import PrefixPool
+from services.core.kvpool import PrefixPool
 
 
 class BlockLru:

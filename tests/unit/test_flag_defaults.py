@@ -66,10 +66,10 @@ def dump(module: str) -> dict:
     argparse.ArgumentParser.parse_args = parse
     os.environ = clean
     try:
-        if hasattr(mod, "build_parser"):
-            mod.build_parser().parse_args(MAINS[module])
-        else:
+        if hasattr(mod, "parse_args"):           # the whole of flags -> config (reads CACHEROUTE_AUTH_TOKEN too)
             mod.parse_args(MAINS[module])
+        else:
+            mod.build_parser().parse_args(MAINS[module])
     finally:
         argparse.ArgumentParser.parse_args = real_parse
         os.environ = real_environ
@@ -85,8 +85,8 @@ def test_defaults_and_env_names_are_unchanged(module):
 
 
 
-# mains whose own flags are declared with services.flags.flag (the dispatcher's are not yet)
-DECLARED = ("services.collector.__main__", "services.engine.__main__", "services.planner.__main__")
+# every main declares its flags with services.flags.flag (and the server flags, services/rpc/config.py)
+DECLARED = tuple(sorted(MAINS))
 
 
 @pytest.mark.parametrize("module", DECLARED)
@@ -102,6 +102,20 @@ def test_every_declared_flag_is_in_the_docstring_env_table(module):
     names = [a.env for a in declared(_PARSERS[module])]
     assert names, "no flag declared with services.flags.flag"
     assert [n for n in names if n not in docs] == []
+
+
+@pytest.mark.parametrize("module", DECLARED)
+def test_no_flag_help_is_written_by_hand(module):
+    """Every flag of a main (but argparse's own --help and hidden ones) is declared with
+    services.flags, which writes "(env CACHEROUTE_X, default Y)" itself."""
+    from services.flags import declared
+
+    dump(module)
+    parser = _PARSERS[module]
+    hand = [a.option_strings[0] for a in parser._actions
+            if a.option_strings and a.help != argparse.SUPPRESS and a.dest != "help" and a not in declared(parser)]
+    assert hand == []
+    assert all(a.help.count("(env CACHEROUTE_") == 1 for a in declared(parser))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""Routing keys and request validation of the OpenAI HTTP API (services.dispatcher.keys, services.oai)."""
+"""Routing keys and request validation of the OpenAI HTTP API (services.dispatcher.keys, services.http.oai)."""
 
 from __future__ import annotations
 
 import pytest
 
-from services import oai
+from services.http import oai
 from services.core import routing
 from services.dispatcher.keys import request_key, scoped_key
 

@@ -9,7 +9,7 @@ import pytest
 from clients.loadgen import Outcome, relabel, summarize, window
 from services.core.request import Request
 from services.core.workloads import make_workload
-from services.stack import StackConfig, parse_http_line, parse_serving_line
+from services.local.stack import StackConfig, parse_http_line, parse_serving_line
 
 
 def test_relabel_keeps_the_shape_and_shares_nothing():

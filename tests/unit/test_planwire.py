@@ -1,4 +1,4 @@
-"""Table slices of plans above the message limit (services.planwire)."""
+"""Table slices of plans above the message limit (services.wire.planwire)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from services import codec
+from services.wire import codec
 from services.core.planning import build_plan
 from services.core.table import ColumnarTable
 from services.errors import InvalidArgument
-from services.planwire import MIN_BUDGET, SliceAssembler, plan_chunks, plan_page
+from services.wire.planwire import MIN_BUDGET, SliceAssembler, plan_chunks, plan_page
 
 
 def make_plan(n: int, key_len: int = 40):

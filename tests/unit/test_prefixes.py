@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.codec import check_plan, plan_from_json, plan_to_json
+from services.wire.codec import check_plan, plan_from_json, plan_to_json
 from services.core.planning import plan_diff
 from services.core.policies import make_policy
 from services.core.policies._common import Ring
@@ -226,8 +226,8 @@ def test_depths_constant():
 
 
 def test_proto_round_trip():
-    from services.codec import plan_from_proto, plan_to_proto
-    from services.planwire import SliceAssembler, plan_chunks
+    from services.wire.codec import plan_from_proto, plan_to_proto
+    from services.wire.planwire import SliceAssembler, plan_chunks
 
     reqs, _ = doc_requests()
     plan = plan_for(reqs)
@@ -242,7 +242,7 @@ def test_plan_show_and_diff_cover_prefix_nodes(tmp_path, capsys):
     import json
 
     from clients.cli import main
-    from services.codec import write_plan_file
+    from services.wire.codec import write_plan_file
 
     reqs, doc = doc_requests()
     first = plan_for(reqs)
@@ -263,7 +263,7 @@ def test_plan_show_and_diff_cover_prefix_nodes(tmp_path, capsys):
 def test_hit_rates_travel_on_the_wire():
     import dataclasses
 
-    from services.codec import plan_from_proto, plan_to_proto
+    from services.wire.codec import plan_from_proto, plan_to_proto
 
     reqs, _ = doc_requests()
     plan = plan_for(reqs)

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from clients.cli import main
-from services.codec import write_plan_file
+from services.wire.codec import write_plan_file
 from services.core.planning import build_plan
 from services.core.shadow import requests_to_records
 from services.core.workloads import make_workload

@@ -1,5 +1,5 @@
 """`cacheroute up --engines/--engine-kind/--model`: the stack's engine list as dispatchers and the
-planner receive it, and the configuration errors (services.stack, clients.cli.up)."""
+planner receive it, and the configuration errors (services.local.stack, clients.cli.up)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from clients.cli import CliError
 from clients.cli.up import add_up, stack_config
-from services.stack import Stack, StackConfig, parse_http_line
+from services.local.stack import Stack, StackConfig, parse_http_line
 
 
 def up_args(*argv: str) -> argparse.Namespace:

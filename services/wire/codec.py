@@ -308,7 +308,7 @@ def plan_from_proto(msg: common_pb2.Plan, columnar: bool = False) -> Plan:
 
 
 def plan_from_slices(msgs: list[common_pb2.Plan], columnar: bool = False) -> Plan:
-    """Decode a plan from its consecutive table slices (services.planwire; the first carries
+    """Decode a plan from its consecutive table slices (services.wire.planwire; the first carries
     every other field), without joining the messages first."""
     head = msgs[0]
     if any(m.HasField("columns") for m in msgs):

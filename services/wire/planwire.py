@@ -29,7 +29,7 @@ from typing import Iterator
 import numpy as np
 
 from cacheroute.v1 import common_pb2
-from services import codec
+from services.wire import codec
 from services.core.plan import Plan
 from services.errors import InvalidArgument, ResourceExhausted
 

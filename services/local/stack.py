@@ -2,7 +2,7 @@
 end-to-end test run.
 
 Topology (one process each, `sys.executable -m services.<name>`, all on loopback):
-  redis-server (embedded, services.localredis) or an existing one (`redis_url`)
+  redis-server (embedded, services.local.redis_server) or an existing one (`redis_url`)
   collector                      -> Redis
   engine-1..N                    -> collector (cache stats); simulated engines, or real llama.cpp
                                     replicas (`llamacpp_model`: services.engine.llamacpp), or none
@@ -31,7 +31,7 @@ through `setpriv --pdeathsig TERM`: if the supervisor dies, even by SIGKILL, the
 to stop. (Not a `preexec_fn`: forking with Python code to run in the child deadlocks
 against grpc's fork handlers once the supervisor has opened a channel.) The death signal
 follows the thread that started them, so call `start()` from a thread that outlives the
-stack (the main one). The embedded redis-server (services.localredis) shares the
+stack (the main one). The embedded redis-server (services.local.redis_server) shares the
 supervisor's process group, so a terminal's Ctrl-C reaches it directly.
 
 Logs: each child's stdout and stderr go to `<log_dir>/<name>.log` (JSON lines).
@@ -40,7 +40,6 @@ Logs: each child's stdout and stderr go to `<log_dir>/<name>.log` (JSON lines).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -53,8 +52,9 @@ from typing import Any
 import orjson
 
 from services.backends import KINDS
-from services.healthcheck import is_serving
-from services.localredis import RedisProcess
+from services.local.launch import launcher
+from services.local.redis_server import RedisProcess
+from services.rpc.healthcheck import is_serving
 
 SERVICE_NAMES = {
     "planner": "cacheroute.v1.Planner",
@@ -207,7 +207,7 @@ def parse_serving_line(line: bytes) -> dict[str, Any] | None:
 
 
 def parse_http_line(line: bytes) -> str | None:
-    """The URL of services.httpserver's "http serving" log line, or None for any other line."""
+    """The URL of services.http.server's "http serving" log line, or None for any other line."""
     if b'"http serving"' not in line:
         return None
     doc = _log_record(line)
@@ -228,12 +228,6 @@ def http_ready(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def _launcher() -> list[str]:
-    """The command prefix that makes a child get SIGTERM when its parent dies (if available)."""
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
-
-
 class Stack:
     """`Stack(config).start()` ... `stop()`; or `with Stack(config) as stack: ...`."""
 
@@ -244,7 +238,7 @@ class Stack:
         self.redis: RedisProcess | None = None
         self.redis_url = config.redis_url or ""
         self.tiers: list[list[Child]] = []
-        self._launcher = _launcher()
+        self._launcher = launcher()
 
     # ------------------------------------------------------------ addresses
 

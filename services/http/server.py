@@ -271,7 +271,7 @@ class RunningHttp:
 async def start_http(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 1.0,
                      reuse_port: bool = False, timeouts: HttpTimeouts = HttpTimeouts()) -> RunningHttp:
     """Serve `app` on host:port (0: ephemeral); the bound port is in the result and in the
-    "http serving" log line (field `url`), which `services.stack` reads like gRPC's "serving" line.
+    "http serving" log line (field `url`), which `services.local.stack` reads like gRPC's "serving" line.
     `timeouts`: toward clients (module header). The body deadline runs inside the app's own
     middlewares, so their error mapping sees what the handler would have."""
     cut_log = _CutLog()

@@ -1,8 +1,8 @@
-"""`python -m services.healthcheck HOST:PORT [SERVICE]`: a grpc health probe.
+"""`python -m services.rpc.healthcheck HOST:PORT [SERVICE]`: a grpc health probe.
 
 Exit status 0 when the server reports SERVING for SERVICE (default "": the whole server),
 1 otherwise (NOT_SERVING, unknown service, unreachable, deadline exceeded). Meant for
-docker-compose `healthcheck:` entries and for `services.stack`, which waits on
+docker-compose `healthcheck:` entries and for `services.local.stack`, which waits on
 `wait_serving`. Plaintext channels only (the compose file runs without TLS).
 """
 
@@ -47,7 +47,7 @@ def wait_serving(address: str, service: str = "", timeout: float = 30.0, interva
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.healthcheck", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m services.rpc.healthcheck", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("address", help="HOST:PORT of a CacheRoute service")
     parser.add_argument("service", nargs="?", default="", help='full service name, e.g. cacheroute.v1.Planner ("": server)')
