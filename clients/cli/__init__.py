@@ -10,7 +10,7 @@ import sys
 import grpc
 
 # command-group modules under clients.cli, in help order
-GROUPS = ("plan", "sim", "serve", "plans", "engines", "route", "shadow", "up", "advise")
+GROUPS = ("plan", "sim", "serve", "plans", "engines", "route", "status", "shadow", "up", "demo", "advise")
 
 
 class CliError(Exception):

@@ -72,7 +72,7 @@ def test_new_keys_sharing_a_document_land_on_its_planned_replica_and_hit(redis_u
                 out["versions"] = {d.router.plan_version for d in ds}
                 # new keys, never seen: cold for the key table, planned by their document
                 out["new"] = [await first_chunk(stubs[k % 2], request(f"new-{k}", 0)) for k in range(8)]
-                from clients.cli.route import planner_doc
+                from clients.cli.status import planner_doc
 
                 def status():                                          # what `cacheroute status` prints
                     with grpc.insecure_channel(planner.address) as ch:
