@@ -20,8 +20,8 @@ with a p99 TTFT SLO:
 
 Simulated time only; the CPU seconds of one `measured` advice (7 simulations) are printed.
 
-  /work/wt/cpu .venv/bin/python -m experiments.advisor_check [--seeds 0,1] [--slo 2] [--duration 300]
-  /work/wt/cpu .venv/bin/python -m experiments.advisor_check --cpu     # one advice for 8 replicas: CPU s
+  .venv/bin/python -m experiments.advisor_check [--seeds 0,1] [--slo 2] [--duration 300]
+  .venv/bin/python -m experiments.advisor_check --cpu     # one advice for 8 replicas: CPU s
 """
 
 from __future__ import annotations

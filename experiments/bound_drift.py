@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import multiprocessing
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -33,27 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 from services.core.metrics import percentile  # noqa: E402
-from services.core.request import Request  # noqa: E402
-from services.core.switching import SwitchConfig, decide_switch  # noqa: E402
+from services.core.switching import SwitchConfig, decide_switch, loads_under  # noqa: E402
 from services.sim.runs import RunSpec, config_for  # noqa: E402
 
+from experiments.bound_tenants import requests, run_points  # noqa: E402
+
 INTERVAL, WINDOW, MAX_MOVES, Q_CAP, WARM_SLOTS = 10.0, 60.0, 8, 20.0, 64   # wall units: the stack's defaults
-
-
-def requests(qps_wall: float, seed: int, workload: str = "drift") -> list[Request]:
-    import peers
-
-    from services.http import oai
-    from services.core import routing
-
-    scale = peers.BOUND
-    wl = peers.make_workload(scale, workload, qps_wall, seed)
-    ts = scale.time_scale
-    out = []
-    for q in wl.requests:
-        ids = routing.tokenize(oai.chat_text(q.messages()))
-        out.append(Request(q.rid, q.at / ts, q.group, len(ids), q.max_tokens, routing.prompt_hashes(ids)))
-    return out
 
 
 def live_plan_fn(ts: float, prefix_tokens: dict[str, float], config: SwitchConfig = SwitchConfig(),
@@ -90,7 +73,7 @@ def live_plan_fn(ts: float, prefix_tokens: dict[str, float], config: SwitchConfi
         decisions.append({"at": round(wall_now, 1), "switch": d.switch, "reason": d.reason,
                           "staleness": round(d.staleness_penalty, 4), "rewarm": round(d.rewarm_penalty, 3),
                           "moves": cand.extra.get("moves"), "predicted": [round(x, 2) for x in cand.expected_load],
-                          "active_loads": [round(x, 2) for x in _loads(active, dict(zip(keys, wall_rates)), replicas)]})
+                          "active_loads": [round(x, 2) for x in loads_under(active, dict(zip(keys, wall_rates)))]})
         if not d.switch:
             return active
         last_switch[0] = wall_now
@@ -99,20 +82,6 @@ def live_plan_fn(ts: float, prefix_tokens: dict[str, float], config: SwitchConfi
     plan_fn.wants_served = True
     plan_fn.decisions = decisions
     return plan_fn
-
-
-def _loads(plan, rates: dict[str, float], replicas: int) -> list[float]:
-    """Each replica's load under `plan` at `rates` (cold keys spread evenly, as the planner assumes)."""
-    loads = [0.0] * replicas
-    cold = 0.0
-    for k, r in rates.items():
-        row = plan.table.get(k)
-        if row:
-            for m in row:
-                loads[m] += r / len(row)
-        else:
-            cold += r
-    return [x + cold / replicas for x in loads]
 
 
 def series(result, ts: float, bin_wall: float = 10.0) -> list[dict]:
@@ -207,12 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(knobs if p == "cacheroute" else {}, float(q), int(s), args.lifecycle, args.series, args.workload,
              variant, p)
             for s in args.seeds.split(",") for q in args.rates.split(",") for p in args.policies.split(",")]
-    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        for row in pool.imap(point, jobs):
-            print(json.dumps(row), flush=True)
-            if args.out:
-                with open(args.out, "a") as fh:
-                    fh.write(json.dumps(row) + "\n")
+    run_points(point, jobs, args.jobs, args.out)
     return 0
 
 

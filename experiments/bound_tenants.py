@@ -32,22 +32,31 @@ from services.core.request import Request  # noqa: E402
 from services.sim.runs import RunSpec, calibrated_q_cap, config_for  # noqa: E402
 
 
-def requests(qps_wall: float, seed: int) -> list[Request]:
+def requests(qps_wall: float, seed: int, workload: str = "tenants") -> list[Request]:
+    """bench/peers.py's engine-bound `workload` at `qps_wall` as simulator requests (model time)."""
     import peers
 
-    from clients import textload
     from services.http import oai
     from services.core import routing
 
     scale = peers.BOUND
-    duration, _ = scale.timing("tenants")
-    wl = textload.tenants(qps=qps_wall, duration=duration, seed=seed, **scale.workload_knobs["tenants"])
+    wl = peers.make_workload(scale, workload, qps_wall, seed)
     ts = scale.time_scale
     out = []
     for q in wl.requests:
         ids = routing.tokenize(oai.chat_text(q.messages()))
         out.append(Request(q.rid, q.at / ts, q.group, len(ids), q.max_tokens, routing.prompt_hashes(ids)))
     return out
+
+
+def run_points(point, jobs: list, processes: int, out: str | None) -> None:
+    """`point` over `jobs` in spawned processes, each row printed (and appended to `out`) as a JSON line."""
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        for row in pool.imap(point, jobs):
+            print(json.dumps(row), flush=True)
+            if out:
+                with open(out, "a") as fh:
+                    fh.write(json.dumps(row) + "\n")
 
 
 def run(spec: RunSpec, reqs: list[Request]) -> dict:
@@ -105,12 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     knobs = json.loads(args.knobs)
     jobs = [(p, knobs if p.startswith("cacheroute") else {}, float(q), int(s), args.q_cap, args.lifecycle)
             for s in args.seeds.split(",") for q in args.rates.split(",") for p in args.policies.split(",")]
-    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        for row in pool.imap(point, jobs):
-            print(json.dumps(row), flush=True)
-            if args.out:
-                with open(args.out, "a") as fh:
-                    fh.write(json.dumps(row) + "\n")
+    run_points(point, jobs, args.jobs, args.out)
     return 0
 
 
