@@ -21,6 +21,7 @@ default loop (CACHEROUTE_UVLOOP=0).
 
     PYTHONPATH=$PWD:$PWD/protos nice -n 19 .venv/bin/python bench/dispatcher_cpu.py \
         [--requests 1000] [--concurrency 8] [--system-words 1000,4000] [--profile] [--no-uvloop] [--json]
+        [--key-tokens 1024] [--engines 8 --poll-interval 0.5 --metrics-page bench/results/sim_engine_metrics.txt]
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ async def closed_loop(session, url: str, bodies: list[bytes], concurrency: int) 
 
 
 def spawn_dispatcher(replicas: str, http_port: int, profile: str | None, uvloop: bool,
-                     tree: Path = ROOT) -> subprocess.Popen:
+                     tree: Path = ROOT, env_extra: dict | None = None) -> subprocess.Popen:
     """The dispatcher of the source tree `tree` (this one by default; --base: another checkout)."""
     cmd = [sys.executable]
     if profile:
@@ -103,10 +104,24 @@ def spawn_dispatcher(replicas: str, http_port: int, profile: str | None, uvloop:
     cmd += ["-m", "services.dispatcher", "--metrics-port", "-1", "--log-level", "WARNING", "--port",
             str(free_port()), "--http-port", str(http_port), "--replicas", replicas, "--engine-kind", "vllm",
             "--seed", "1", "--workers", "1"]
-    env = {**os.environ, "CACHEROUTE_UVLOOP": "1" if uvloop else "0"}
+    env = {**os.environ, "CACHEROUTE_UVLOOP": "1" if uvloop else "0", **(env_extra or {})}
     if tree != ROOT:
         env["PYTHONPATH"] = f"{tree}{os.pathsep}{tree / 'protos'}"
     return subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def dispatcher_env(args) -> dict:
+    """The dispatcher's knobs the peers runs set (bench/peers_routers.py): key tokens, poll interval."""
+    return {"CACHEROUTE_KEY_TOKENS": str(args.key_tokens), "CACHEROUTE_POLL_INTERVAL": str(args.poll_interval)}
+
+
+def set_metrics(engines: list, args) -> None:
+    """`--metrics-page FILE`: every fake engine serves that /metrics page (e.g. the simulated
+    engine's, which the dispatcher parses on every poll); default: none (404)."""
+    if args.metrics_page:
+        page = Path(args.metrics_page).read_text()
+        for e in engines:
+            e.metrics_page = page
 
 
 async def compare(args) -> dict:
@@ -119,10 +134,12 @@ async def compare(args) -> dict:
                for _ in range(args.engines)]
     for e in engines:
         e.slow_seconds = args.event_gap
+    set_metrics(engines, args)
     replicas = ",".join(f"e{i}=vllm+{e.url}" for i, e in enumerate(engines))
     trees = {"before": Path(args.base).resolve(), "after": ROOT}
     ports = {name: free_port() for name in trees}
-    procs = {name: spawn_dispatcher(replicas, ports[name], None, args.uvloop, tree) for name, tree in trees.items()}
+    procs = {name: spawn_dispatcher(replicas, ports[name], None, args.uvloop, tree, dispatcher_env(args))
+             for name, tree in trees.items()}
     prompts = system_prompts(args.tenants, *args.system_words, args.seed)
     blocks: dict[tuple[str, bool], list[float]] = {}
     idle: dict[str, float] = {}
@@ -181,10 +198,11 @@ def compare_table(doc: dict) -> str:
 
 async def main(args) -> dict:
     engines = [await FakeEngine("stream", events=args.events, chunk_bytes=24).start() for _ in range(args.engines)]
+    set_metrics(engines, args)
     replicas = ",".join(f"e{i}=vllm+{e.url}" for i, e in enumerate(engines))
     port = free_port()
     profile = (args.profile_out or tempfile.mktemp(suffix=".prof")) if args.profile else None
-    dispatcher = spawn_dispatcher(replicas, port, profile, args.uvloop)
+    dispatcher = spawn_dispatcher(replicas, port, profile, args.uvloop, env_extra=dispatcher_env(args))
     url = f"http://127.0.0.1:{port}"
     prompts = system_prompts(args.tenants, *args.system_words, args.seed)
     rows = []
@@ -254,6 +272,12 @@ if __name__ == "__main__":
     parser.add_argument("--blocks", type=int, default=6, help="with --base: rounds of blocks")
     parser.add_argument("--event-gap", type=float, default=0.0,
                         help="seconds between a stream's events (0: back to back), as a real engine's tokens")
+    parser.add_argument("--key-tokens", type=int, default=64,
+                        help="the dispatcher's --key-tokens (64 default; 1024 in docs/peers.md's tenants and Mooncake)")
+    parser.add_argument("--poll-interval", type=float, default=0.25,
+                        help="the dispatcher's stats poll interval (0.25 default; 0.5 in docs/peers.md's runs)")
+    parser.add_argument("--metrics-page", help="a Prometheus page every fake engine serves at /metrics "
+                                               "(e.g. bench/results/sim_engine_metrics.txt)")
     args = parser.parse_args()
     if args.base:
         print(compare_table(asyncio.run(compare(args))))

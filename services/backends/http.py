@@ -159,13 +159,14 @@ class HttpBackend(Backend):
     async def complete(self, call: ApiCall) -> Reply:
         doc, body, req, d = call.doc, call.body, call.request, call.deadlines
         strip = req.stream and not req.include_usage
+        fields: dict = {}
         if call.cache_salt is not None and self.kind == "vllm":
-            doc = {**doc, "cache_salt": call.cache_salt}
-            body = orjson.dumps(doc)
+            fields["cache_salt"] = call.cache_salt
         if strip:
             options = doc.get("stream_options")
-            doc = {**doc, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
-            body = orjson.dumps(doc)
+            fields["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        if fields:
+            body = with_fields(body, doc, fields)
         upstream = await self._post(call.path, body, d, call.authorization)
         status, ctype = upstream.status, upstream.headers.get("content-type", "application/json")
         if status >= 500:
@@ -233,6 +234,17 @@ class HttpBackend(Backend):
         except (BackendDown, orjson.JSONDecodeError):
             return []
         return [e for e in doc.get("data", []) if isinstance(e, dict)] if isinstance(doc, dict) else []
+
+
+def with_fields(body: bytes, doc: dict, fields: dict) -> bytes:
+    """The JSON object `body` (parsed: `doc`) with `fields` set. When it has none of them they
+    are added as members before its closing brace and the client's bytes are otherwise kept
+    (no parse-and-serialise of a long prompt per request, issue 22); else `doc` is updated and
+    serialised again."""
+    if doc and not any(name in doc for name in fields):
+        end = body.rstrip().rfind(b"}")         # a JSON object's last byte (orjson parsed it)
+        return body[:end] + b"," + orjson.dumps(fields)[1:]
+    return orjson.dumps({**doc, **fields})
 
 
 def _refusal(status: int, data: bytes) -> EngineError:

@@ -52,6 +52,7 @@ class FakeEngine:
         self.api_key: str | None = None
         self.last_auth: str | None = None
         self.last_body = b""
+        self.metrics_page: str | None = None     # GET /metrics: this page (None: 404, no metrics)
         self.running = None
 
     @property
@@ -64,6 +65,7 @@ class FakeEngine:
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         self.running = await start_http(app, "127.0.0.1", 0)
         return self
 
@@ -75,6 +77,11 @@ class FakeEngine:
         if self.hang_health:
             await asyncio.sleep(3600)
         return web.json_response({"status": "ok"}, status=200 if self.healthy else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_page is None:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_page, content_type="text/plain")
 
     def _refused(self, request: web.Request) -> web.Response | None:
         self.last_auth = request.headers.get("Authorization")

@@ -171,3 +171,33 @@ def test_memoised_prompt_keys_agree_on_any_text(text):
             keys(text)
         return
     assert keys(text) == expected == keys(text)
+
+
+@given(st.lists(st.integers(0, routing.VOCAB_SIZE - 1), min_size=1, max_size=100))
+def test_last_block_hash_is_the_chains_last(ids):
+    assert routing.last_block_hash(ids) == prompt_hashes(ids, partial=True)[-1]
+
+
+@given(st.text(alphabet=_ASCII_MIX | st.sampled_from(["\u00a0", "\u3000", "\u00e9", "\x00"]), max_size=200))
+def test_word_ids_are_token_ids(text):
+    words = text.split()
+    assert routing.word_ids(words) == [routing.token_id(w) for w in words]
+
+
+@given(st.lists(st.text(alphabet=_ASCII_MIX | st.sampled_from(["\u00a0", "\u00e9"]), max_size=10), max_size=12),
+       st.integers(1, 6))
+def test_memoised_keys_of_texts_that_start_alike(parts, tokens):
+    """Texts that are prefixes of one another (a word may continue past a memoised head)."""
+    from services.dispatcher.keys import PromptKeys
+
+    keys = PromptKeys(tokens, size=5, bucket=2)
+    keys.PROBE = 2                              # short heads memoised too
+    texts = ["".join(parts[:i]) for i in range(len(parts) + 1)]
+    for text in texts + texts[::-1]:
+        try:
+            expected = routing.key_from_prompt(text, tokens)
+        except ValueError:
+            with pytest.raises(ValueError):
+                keys(text)
+            continue
+        assert keys(text) == expected, text
