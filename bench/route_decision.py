@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     class Probe:
         __slots__ = ("key",)
+        blocks = ()                     # no prompt blocks: the cold-home rule's index is per key
     probe = Probe()
 
     def pick_only(keys):
