@@ -171,6 +171,21 @@ def test_cold_keys_return_to_their_replica_and_first_sight_takes_the_lighter_of_
     assert nxt.pick(request("t"), state_with(load)).replica == walk[1]
 
 
+def test_first_sight_least_takes_the_least_loaded_replica_when_the_owner_is_over_the_mean():
+    walk = list(Ring(R).walk("t"))
+    load = [4] * R
+    load[walk[0]] = 7                                 # owner two over the mean
+    light = next(r for r in range(R) if r not in walk[:2])
+    load[light] = 1                                   # the least loaded is not among the first two
+    assert make_policy("cacheroute", R).pick(request("t"), state_with(load)).replica == walk[1]
+    least = make_policy("cacheroute", R, first_sight="least")
+    assert least.pick(request("t"), state_with(load)).replica == light
+    load[walk[0]] = 5                                 # owner within one of the mean: the owner either way
+    assert make_policy("cacheroute", R, first_sight="least").pick(request("t"), state_with(load)).replica == walk[0]
+    with pytest.raises(ValueError, match="first_sight"):
+        make_policy("cacheroute", R, first_sight="all")
+
+
 def test_planned_picks_are_remembered_for_when_the_key_turns_cold():
     p = make_policy("cacheroute", R)
     p.set_plan(make_plan({"a": (5,)}))

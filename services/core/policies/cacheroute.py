@@ -104,6 +104,11 @@ SPILL_BACKLOG = 8192
 MEMORY_KEYS = 1 << 16
 HOLD = False
 COLD_HOME = "index"
+# a first-sight key whose ring owner is over the mean: "two" = the lighter of its first two ring
+# replicas; "least" = the least-loaded healthy replica (SGLang cache_aware's no-match rule), measured
+# in docs/experiments.md "Issue 23 simulator goals, status" (not better: off)
+FIRST_SIGHTS = ("two", "least")
+FIRST_SIGHT = "two"
 COLD_HOMES = (None, "index", "keys", "oracle")
 
 
@@ -133,7 +138,8 @@ class CacheRoutePolicy:
                  spill_floor: int = SPILL_FLOOR, prefix: bool = False, balance: str = "requests",
                  reuse_weight: float = 1.0, spill_cost: float | None = SPILL_COST,
                  spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS, hold: bool = HOLD,
-                 hold_backlog: int | None = None, hold_spill: bool = True, cold_home: str | None = COLD_HOME):
+                 hold_backlog: int | None = None, hold_spill: bool = True, cold_home: str | None = COLD_HOME,
+                 first_sight: str = FIRST_SIGHT):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
@@ -156,6 +162,9 @@ class CacheRoutePolicy:
         if cold_home not in COLD_HOMES:
             raise ValueError(f"unknown cold_home {cold_home!r}; valid: {', '.join(map(str, COLD_HOMES))}")
         self.cold_home = cold_home
+        if first_sight not in FIRST_SIGHTS:
+            raise ValueError(f"unknown first_sight {first_sight!r}; valid: {', '.join(FIRST_SIGHTS)}")
+        self.first_sight = first_sight
         self._index: BlockLRU | KeyLRU | None = None   # what this policy routed to each replica (cold_home)
         self._seen: dict[str, int] = {}          # key -> replica of its latest request (two generations)
         self._seen_old: dict[str, int] = {}
@@ -515,6 +524,8 @@ class CacheRoutePolicy:
         if load[first] <= math.ceil(total / live) + 1:      # at most one request over the mean
             return self._remember(key, first)
         pick = second if second >= 0 and load[second] < load[first] else first
+        if self.first_sight == "least":
+            pick = min((c for c in range(len(load)) if healthy[c]), key=load.__getitem__)
         if load[pick] + 1 > bound:
             pick = self._spill(key, state, bound)
         return self._remember(key, pick)
