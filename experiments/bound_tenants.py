@@ -5,6 +5,7 @@ checked against the live regime without a quiet machine (and then confirmed live
     .venv/bin/python -m experiments.bound_tenants --policies sglang,cacheroute --rates 16,24 --seeds 1,2
     .venv/bin/python -m experiments.bound_tenants --policies cacheroute \
         --knobs '{"balance_factor": 1.5}' --rates 16,24
+    .venv/bin/python -m experiments.bound_tenants --policies cacheroute --tier 1,4 --rates 16,24
 
 Rates are wall req/s as bench/peers.py states them; the simulator runs in model time (rates x the
 scale's time scale, durations / it). CacheRoute's settings are the live stack's defaults
@@ -59,22 +60,24 @@ def run_points(point, jobs: list, processes: int, out: str | None) -> None:
                     fh.write(json.dumps(row) + "\n")
 
 
-def run(spec: RunSpec, reqs: list[Request]) -> dict:
-    """run_spec with the live planner's rate window (60 s wall) instead of one control interval."""
+def run(spec: RunSpec, reqs: list[Request], tier: int = 1) -> dict:
+    """run_spec with the live planner's rate window (60 s wall) instead of one control interval;
+    `tier` router instances, requests round-robin over them (services.sim.tier)."""
     from services.core.policies import make_policy
     from services.sim.simulator import Simulator
+    from services.sim.tier import Tier
 
     import peers
 
     config = replace(config_for(spec), rate_window=60.0 / peers.BOUND.time_scale)
-    policy = make_policy(spec.policy, spec.replicas, seed=spec.seed, **spec.policy_knobs)
+    policy = Tier(lambda i: make_policy(spec.policy, spec.replicas, seed=spec.seed + i, **spec.policy_knobs), tier)
     return Simulator(config, policy, reqs).run().as_dict()
 
 
 def point(args) -> dict:
     import peers
 
-    policy, knobs, qps_wall, seed, q_cap, lifecycle = args
+    policy, knobs, qps_wall, seed, q_cap, lifecycle, tier = args
     scale = peers.BOUND
     ts = scale.time_scale
     duration, warmup = scale.timing("tenants")
@@ -87,9 +90,9 @@ def point(args) -> dict:
     reqs = requests(qps_wall, seed)
     if planned and q_cap == 0:
         spec = replace(spec, q_cap=calibrated_q_cap(spec, reqs))
-    out = run(spec, reqs)
+    out = run(spec, reqs, tier)
     m = out["misses"]
-    return {"policy": policy, "knobs": knobs, "qps": qps_wall, "seed": seed,
+    return {"policy": policy, "knobs": knobs, "tier": tier, "qps": qps_wall, "seed": seed,
             "hit": round(out["hit_rate"] * 100, 2), "bound": round(m["bound"] * 100, 2),
             "first_on_replica": round(m["first_on_replica"] * 100, 2), "evicted": round(m["evicted"] * 100, 2),
             "spilled": round(m["spilled"] * 100, 2),
@@ -108,12 +111,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="CacheRoute's q_cap in wall req/s (default 20, the stack's); 0: calibrated "
                              "from the engine model on the point's requests (services.sim.calibrate)")
     parser.add_argument("--lifecycle", default="churn", help="planned policies' re-plan (sim --lifecycle)")
+    parser.add_argument("--tier", default="1", help="router instances per point, comma-separated "
+                        "(requests round-robin over them, as bench/peers.py --tier spreads its client)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="append each point as a JSON line to this file")
     args = parser.parse_args(argv)
     knobs = json.loads(args.knobs)
-    jobs = [(p, knobs if p.startswith("cacheroute") else {}, float(q), int(s), args.q_cap, args.lifecycle)
-            for s in args.seeds.split(",") for q in args.rates.split(",") for p in args.policies.split(",")]
+    jobs = [(p, knobs if p.startswith("cacheroute") else {}, float(q), int(s), args.q_cap, args.lifecycle, int(n))
+            for s in args.seeds.split(",") for q in args.rates.split(",") for n in args.tier.split(",")
+            for p in args.policies.split(",")]
     run_points(point, jobs, args.jobs, args.out)
     return 0
 
