@@ -219,12 +219,13 @@ def make_workload(scale: Scale, workload: str, qps: float, seed: int) -> textloa
 
 
 def _mooncake_path() -> str:
-    """The trace under the shared data folder: $CACHEROUTE_DATA, else shared/data beside the checkout."""
+    """The trace under the shared data folder named by $CACHEROUTE_DATA (no other place is guessed)."""
     name = "mooncake/conversation_trace.first_half.jsonl"
-    base = Path(os.environ.get("CACHEROUTE_DATA") or ROOT.parent / "shared" / "data")
-    if (base / name).is_file():
-        return str(base / name)
-    raise ValueError(f"cannot find {name} under {base} (set CACHEROUTE_DATA to the shared data folder)")
+    data = os.environ.get("CACHEROUTE_DATA")
+    if data and (Path(data) / name).is_file():
+        return str(Path(data) / name)
+    raise ValueError(f"cannot find {name}: set CACHEROUTE_DATA to the data folder that holds it"
+                     + (f" (not under {data})" if data else ""))
 
 
 def event_times(scale: Scale, workload: str, tier: int) -> list[tuple[float, str, int]]:

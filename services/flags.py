@@ -39,22 +39,41 @@ def _text(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def flag(group, *names: str, env: str, default: Any = None, type: Callable | None = None, help: str = "",
-         shown: str | None = None, **kwargs) -> argparse.Action:
+def _first_set(names: tuple[str, ...]) -> tuple[str, str | None]:
+    """(name, value) of the first CACHEROUTE_<name> that is set (value None: none is)."""
+    for name in names:
+        raw = os.environ.get(PREFIX + name)
+        if raw is not None:
+            return name, raw
+    return names[0], None
+
+
+def flag(group, *names: str, env: str | tuple[str, ...], default: Any = None, type: Callable | None = None,
+         help: str = "", shown: str | None = None, empty_is_default: bool = False, **kwargs) -> argparse.Action:
     """`group.add_argument(*names, ...)` with the default from CACHEROUTE_<env> (see the module header).
 
+    env may be a fallback chain ("DISPATCHERS", "DISPATCHER"): the first variable that is set
+    decides, as if it were the only one (an empty one does not pass on to the next).
     type int/float: the variable is parsed as that number (ValueError naming it when bad); a
     None default stays None while the variable is unset or empty. Other types: the variable's
-    text when set (with a None default: when non-empty), else `default`."""
-    raw = os.environ.get(PREFIX + env)
+    text when set (with a None default, or `empty_is_default`: when non-empty), else `default`."""
+    chain = (env,) if isinstance(env, str) else tuple(env)
+    name, raw = _first_set(chain)
     if type in (int, float):
-        value = env_number(env, str(default), type) if default is not None or raw else None
+        if raw is None:
+            value = None if default is None else env_number(name, str(default), type)
+        else:
+            value = env_number(name, raw, type) if default is not None or raw else None
+    elif raw is None or (raw == "" and (default is None or empty_is_default)):
+        value = default
     else:
-        value = raw if raw is not None and default is not None else (raw or default)
-    suffix = f"env {PREFIX}{env}, default {shown if shown is not None else _text(default)}"
+        value = raw
+    variables = ", then ".join(PREFIX + n for n in chain)
+    suffix = f"env {variables}, default {shown if shown is not None else _text(default)}"
     text = f"{help} ({suffix})" if help else f"({suffix})"
     action = group.add_argument(*names, default=value, type=type, help=text, **kwargs)
-    action.env = PREFIX + env
+    action.env = PREFIX + chain[0]
+    action.envs = tuple(PREFIX + n for n in chain)
     action.shown = shown if shown is not None else _text(default)
     return action
 

@@ -24,22 +24,19 @@ DEFAULT_DISPATCHERS = "127.0.0.1:50053"
 
 def add_address_flags(p: argparse.ArgumentParser, *, planner: bool = False, dispatchers: bool = False,
                       collector: bool = False, dispatchers_default: str | None = DEFAULT_DISPATCHERS) -> None:
-    """The address flags every command that talks to a stack spells the same way:
-    --planner (env CACHEROUTE_PLANNER), --dispatchers A,B (env CACHEROUTE_DISPATCHERS; --dispatcher
-    and CACHEROUTE_DISPATCHER are the same flag), --collector (env CACHEROUTE_COLLECTOR)."""
-    from services.rpc import env
+    """The address flags every command that talks to a stack spells the same way, declared with
+    services.flags: --planner, --dispatchers A,B (--dispatcher is the same flag; CACHEROUTE_DISPATCHERS,
+    then CACHEROUTE_DISPATCHER, an empty one meaning the default), --collector."""
+    from services.flags import flag
 
     if planner:
-        p.add_argument("--planner", default=env("PLANNER", DEFAULT_PLANNER),
-                       help=f"planner address (env CACHEROUTE_PLANNER, default {DEFAULT_PLANNER})")
+        flag(p, "--planner", env="PLANNER", default=DEFAULT_PLANNER, help="planner address")
     if dispatchers:
-        default = env("DISPATCHERS", env("DISPATCHER", dispatchers_default or "")) or dispatchers_default
-        p.add_argument("--dispatchers", "--dispatcher", dest="dispatchers", default=default,
-                       help="dispatcher addresses, comma-separated (env CACHEROUTE_DISPATCHERS"
-                            + (f", default {dispatchers_default})" if dispatchers_default else ")"))
+        flag(p, "--dispatchers", "--dispatcher", dest="dispatchers", env=("DISPATCHERS", "DISPATCHER"),
+             default=dispatchers_default, empty_is_default=True, shown=dispatchers_default or "none",
+             help="dispatcher addresses, comma-separated")
     if collector:
-        p.add_argument("--collector", default=env("COLLECTOR", DEFAULT_COLLECTOR),
-                       help=f"collector address (env CACHEROUTE_COLLECTOR, default {DEFAULT_COLLECTOR})")
+        flag(p, "--collector", env="COLLECTOR", default=DEFAULT_COLLECTOR, help="collector address")
 
 
 def lab_module(name: str, *, optional: bool = False):

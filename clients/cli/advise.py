@@ -29,7 +29,7 @@ from clients.cli import CliError, add_address_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from services.rpc import env
+    from services.flags import flag
 
     p = sub.add_parser("advise", help="capacity advisor: predicted hit rate and p99 TTFT on N-k..N+k replicas",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, help="current replica count N (required without --last)")
     p.add_argument("--spread", type=int, default=2, help="try N-k .. N+k (default 2)")
     p.add_argument("--slo-p99", type=float, default=2.0, help="p99 TTFT SLO, seconds (default 2)")
-    p.add_argument("--profile", default=env("PROFILE", "llama3-8b-h100"), help="engine profile (env CACHEROUTE_PROFILE)")
-    p.add_argument("--q-cap", type=float, default=float(env("Q_CAP", "20")), help="req/s per replica at the knee")
+    flag(p, "--profile", env="PROFILE", default="llama3-8b-h100", help="engine profile")
+    flag(p, "--q-cap", env="Q_CAP", default=20.0, type=float, help="req/s per replica at the knee")
     p.add_argument("--window", type=float, default=0.0, help="telemetry window, seconds (0: the collector's)")
     p.add_argument("--seconds", type=float, default=120.0, help="simulated traffic, seconds (default 120)")
     p.add_argument("--max-requests", type=int, default=12_000,

@@ -38,6 +38,7 @@ from clients.cli.up import add_stack_flags, stack_config, start_stack
 from clients.client import AsyncCacheRouteClient
 from clients.loadgen import Outcome, drive, relabel, spread_clients, summarize, window
 from services.core.request import Request
+from services.flags import flag
 from services.rpc import env, read_secret
 from services.local.stack import Stack
 
@@ -59,8 +60,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--traffic-seed", type=int, default=0, help="workload seed (default 0)")
     ext = p.add_argument_group("an existing stack")
     ext.add_argument("--dispatchers", default=None, help="comma-separated dispatcher addresses (skips starting a stack)")
-    ext.add_argument("--planner", default=env("PLANNER", "127.0.0.1:50051"),
-                     help="planner address with --dispatchers (env CACHEROUTE_PLANNER, default 127.0.0.1:50051)")
+    flag(ext, "--planner", env="PLANNER", default="127.0.0.1:50051", help="planner address with --dispatchers")
     ext.add_argument("--http-urls", default=None,
                      help="with --dispatchers and --http: the dispatchers' HTTP API base URLs, comma-separated")
     add_stack_flags(p, interval=10.0)

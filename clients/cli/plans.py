@@ -33,14 +33,14 @@ from google.protobuf.json_format import MessageToDict
 
 from clients.cli import CliError
 from clients.client import CacheRouteClient
+from services.flags import flag
 from services.rpc import env, read_secret
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--planner", default=env("PLANNER", "127.0.0.1:50051"),
-                   help="planner address (env CACHEROUTE_PLANNER, default 127.0.0.1:50051)")
-    p.add_argument("--token-file", default=env("AUTH_TOKEN_FILE") or None,
-                   help="bearer token file for control commands (env CACHEROUTE_AUTH_TOKEN_FILE / CACHEROUTE_AUTH_TOKEN)")
+    flag(p, "--planner", env="PLANNER", default="127.0.0.1:50051", help="planner address")
+    flag(p, "--token-file", env="AUTH_TOKEN_FILE", default=None,
+         help="bearer token file for control commands (or the token itself in CACHEROUTE_AUTH_TOKEN)")
     p.add_argument("--timeout", type=float, default=5.0, help="deadline per call, seconds (default 5)")
 
 

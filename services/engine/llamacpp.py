@@ -26,7 +26,8 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from services.rpc import env, env_number, kv, setup_logging
+from services.flags import flag
+from services.rpc import kv, setup_logging
 
 log = logging.getLogger("cacheroute.engine.llamacpp")
 
@@ -87,17 +88,17 @@ class LlamaCppServer:
 def parse_args(argv: list[str] | None) -> LlamaCppConfig:
     p = argparse.ArgumentParser(prog="python -m services.engine.llamacpp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=env("LLAMACPP_MODEL") or None)
-    p.add_argument("--host", default=env("HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--threads", type=int, default=env_number("LLAMACPP_THREADS", "1", int))
-    p.add_argument("--ctx", type=int, default=env_number("LLAMACPP_CTX", "4096", int))
-    p.add_argument("--parallel", type=int, default=env_number("LLAMACPP_PARALLEL", "1", int))
-    p.add_argument("--cache-ram-mib", type=int, default=env_number("LLAMACPP_CACHE_RAM_MIB", "0", int))
-    p.add_argument("--alias", default="")
-    p.add_argument("--api-key", default=env("LLAMACPP_API_KEY"),
-                   help="key the server requires (env CACHEROUTE_LLAMACPP_API_KEY; prefer the env: flags show in ps)")
-    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    flag(p, "--model", env="LLAMACPP_MODEL", default=None, shown="none, required", help="GGUF file")
+    flag(p, "--host", env="HOST", default="127.0.0.1", help="listen address")
+    p.add_argument("--port", type=int, default=0, help="listen port, 0 = a free one (default 0)")
+    flag(p, "--threads", env="LLAMACPP_THREADS", default=1, type=int, help="CPU threads")
+    flag(p, "--ctx", env="LLAMACPP_CTX", default=4096, type=int, help="context tokens")
+    flag(p, "--parallel", env="LLAMACPP_PARALLEL", default=1, type=int, help="slots")
+    flag(p, "--cache-ram-mib", env="LLAMACPP_CACHE_RAM_MIB", default=0, type=int, help="host-RAM prompt cache, MiB")
+    p.add_argument("--alias", default="", help="model name served (default: the GGUF file's name)")
+    flag(p, "--api-key", env="LLAMACPP_API_KEY", default="", shown='"" = none',
+         help="key the server requires (prefer the env: flags show in ps)")
+    flag(p, "--log-level", env="LOG_LEVEL", default="INFO", help="log level")
     args = p.parse_args(argv)
     if not args.model or not os.path.isfile(args.model):
         p.error(f"--model: no GGUF file at {args.model!r}")

@@ -121,3 +121,92 @@ def test_no_flag_help_is_written_by_hand(module):
 if __name__ == "__main__":
     json.dump({m: dump(m) for m in sorted(MAINS)}, sys.stdout, indent=1, sort_keys=True)
     print()
+
+
+def _cli_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    """Every `cacheroute` command's parser (subcommands included) and llamacpp's, built in a
+    recorded environment: (name, parser), plus the CACHEROUTE_* names read while building them."""
+    from clients.cli import build_parser
+    from services.engine import llamacpp
+
+    out: list[tuple[str, argparse.ArgumentParser]] = []
+
+    def walk(p: argparse.ArgumentParser, name: str) -> None:
+        out.append((name, p))
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub, sp in a.choices.items():
+                    walk(sp, f"{name} {sub}")
+
+    real_parse = argparse.ArgumentParser.parse_args
+
+    def capture(self, args=None, namespace=None):
+        walk(self, "llamacpp")
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = capture
+    try:
+        llamacpp.parse_args([])
+    except SystemExit:
+        pass
+    finally:
+        argparse.ArgumentParser.parse_args = real_parse
+    walk(build_parser(), "cacheroute")
+    return out
+
+
+def test_cli_and_llamacpp_flags_that_read_the_environment_are_declared():
+    """No CLI or llama.cpp flag writes "(env CACHEROUTE_...)" by hand or reads a CACHEROUTE_*
+    default silently: every variable read while the parsers are built is a declared flag's."""
+    from services.flags import declared
+
+    real_environ = os.environ
+    clean = _Recording({k: v for k, v in real_environ.items() if not k.startswith("CACHEROUTE_")})
+    os.environ = clean
+    try:
+        parsers = _cli_parsers()
+    finally:
+        os.environ = real_environ
+    names = {n for _, p in parsers for a in declared(p) for n in a.envs}
+    assert {n for n in clean.read if n.startswith("CACHEROUTE_")} - names == set()
+    hand = [f"{name} {a.option_strings[0]}" for name, p in parsers for a in p._actions
+            if a.option_strings and a.help and "CACHEROUTE_" in a.help and a not in declared(p)]
+    assert hand == []
+    assert all(a.help.count("(env CACHEROUTE_") == 1 for _, p in parsers for a in declared(p))
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, "127.0.0.1:50053"),
+    ({"CACHEROUTE_DISPATCHER": "b:1"}, "b:1"),
+    ({"CACHEROUTE_DISPATCHERS": "a:1,a:2", "CACHEROUTE_DISPATCHER": "b:1"}, "a:1,a:2"),
+    ({"CACHEROUTE_DISPATCHERS": "", "CACHEROUTE_DISPATCHER": "b:1"}, "127.0.0.1:50053"),   # empty: the default
+    ({"CACHEROUTE_DISPATCHER": ""}, "127.0.0.1:50053"),
+])
+def test_dispatchers_read_dispatchers_then_dispatcher_then_the_default(monkeypatch, environ, expected):
+    from clients.cli import add_address_flags
+
+    for k in ("CACHEROUTE_DISPATCHERS", "CACHEROUTE_DISPATCHER"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in environ.items():
+        monkeypatch.setenv(k, v)
+    p = argparse.ArgumentParser()
+    add_address_flags(p, dispatchers=True)
+    assert p.parse_args([]).dispatchers == expected
+    assert p.parse_args(["--dispatcher", "c:1"]).dispatchers == "c:1"
+    none = argparse.ArgumentParser()
+    add_address_flags(none, dispatchers=True, dispatchers_default=None)
+    assert none.parse_args([]).dispatchers == (None if expected == "127.0.0.1:50053" else expected)
+
+
+def test_a_numeric_chain_names_the_variable_that_was_bad(monkeypatch):
+    from services.flags import flag
+
+    monkeypatch.delenv("CACHEROUTE_T_A", raising=False)
+    monkeypatch.setenv("CACHEROUTE_T_B", "3")
+    p = argparse.ArgumentParser()
+    action = flag(p, "--t", env=("T_A", "T_B"), default=1.0, type=float, help="t")
+    assert p.parse_args([]).t == 3.0
+    assert action.help == "t (env CACHEROUTE_T_A, then CACHEROUTE_T_B, default 1)"
+    monkeypatch.setenv("CACHEROUTE_T_A", "x")
+    with pytest.raises(ValueError, match="CACHEROUTE_T_A='x'"):
+        flag(argparse.ArgumentParser(), "--t", env=("T_A", "T_B"), default=1.0, type=float)

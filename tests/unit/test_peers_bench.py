@@ -111,3 +111,16 @@ def test_the_bound_scale_is_engine_bound_by_its_own_arithmetic(peers):
     idle = prof.prefill_time(round(mean_prompt))
     assert 4 <= b.slo["tenants"] / b.time_scale / idle <= 8     # the SLO is a few idle cold prefills
     assert b.slo["tenants"] == pytest.approx(1.0 * b.time_scale)
+
+
+def test_the_mooncake_trace_is_found_only_under_cacheroute_data(peers, tmp_path, monkeypatch):
+    name = tmp_path / "mooncake" / "conversation_trace.first_half.jsonl"
+    monkeypatch.setenv("CACHEROUTE_DATA", str(tmp_path))
+    with pytest.raises(ValueError, match="set CACHEROUTE_DATA"):
+        peers._mooncake_path()
+    name.parent.mkdir()
+    name.write_text("")
+    assert peers._mooncake_path() == str(name)
+    monkeypatch.delenv("CACHEROUTE_DATA")
+    with pytest.raises(ValueError, match="set CACHEROUTE_DATA"):
+        peers._mooncake_path()
