@@ -74,21 +74,30 @@ def run(spec: RunSpec, reqs: list[Request], tier: int = 1) -> dict:
     return Simulator(config, policy, reqs).run().as_dict()
 
 
-def point(args) -> dict:
+def spec_for(policy: str, knobs: dict, qps_wall: float, seed: int, q_cap: float | None = None,
+             lifecycle: str = "churn") -> RunSpec:
+    """The bound scale's tenants point in simulated time (bench/peers.py BOUND, wall figures / time scale)."""
     import peers
 
-    policy, knobs, qps_wall, seed, q_cap, lifecycle, tier = args
     scale = peers.BOUND
     ts = scale.time_scale
     duration, warmup = scale.timing("tenants")
     planned = policy in PLANNED_POLICIES
-    spec = RunSpec(policy=policy, qps=qps_wall * ts, replicas=scale.replicas, profile=scale.profile,
+    return RunSpec(policy=policy, qps=qps_wall * ts, replicas=scale.replicas, profile=scale.profile,
                    duration=duration / ts, seed=seed, kv_blocks=scale.kv_blocks, warmup=warmup / ts,
                    policy_knobs=knobs, control_interval=10.0 / ts,
                    q_cap=(q_cap or 20.0) * ts if planned else None, warm_slots=64 if planned else None,
                    first_plan_at=5.0 / ts if planned else None, lifecycle=lifecycle)
+
+
+def point(args) -> dict:
+    import peers
+
+    policy, knobs, qps_wall, seed, q_cap, lifecycle, tier = args
+    ts = peers.BOUND.time_scale
+    spec = spec_for(policy, knobs, qps_wall, seed, q_cap, lifecycle)
     reqs = requests(qps_wall, seed)
-    if planned and q_cap == 0:
+    if policy in PLANNED_POLICIES and q_cap == 0:
         spec = replace(spec, q_cap=calibrated_q_cap(spec, reqs))
     out = run(spec, reqs, tier)
     m = out["misses"]

@@ -2,7 +2,6 @@
 the home really lost the prefix when the cold-home rule fired (checked against the engines' exact
 caches). Diagnostic, monkeypatches the policy: .venv/bin/python experiments/tier_spill_diag.py TIER QPS [KNOBS]"""
 import sys, json, collections
-from dataclasses import replace
 sys.path.insert(0, "bench")
 from experiments import bound_tenants as bt
 from services.core.policies import cacheroute as cr
@@ -36,12 +35,8 @@ cr.CacheRoutePolicy._choose = choose
 tier, qps = int(sys.argv[1]), float(sys.argv[2])
 knobs = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
 import peers
-from services.sim.runs import RunSpec
-scale = peers.BOUND; ts = scale.time_scale
-duration, warmup = scale.timing("tenants")
-spec = RunSpec(policy="cacheroute", qps=qps*ts, replicas=scale.replicas, profile=scale.profile, duration=duration/ts,
-               seed=1, kv_blocks=scale.kv_blocks, warmup=warmup/ts, policy_knobs=knobs, control_interval=10.0/ts,
-               q_cap=20.0*ts, warm_slots=64, first_plan_at=5.0/ts)
+ts = peers.BOUND.time_scale
+spec = bt.spec_for("cacheroute", knobs, qps, 1)
 reqs = bt.requests(qps, 1)
 out = bt.run(spec, reqs, tier)
 m = out["misses"]
