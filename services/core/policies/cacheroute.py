@@ -104,6 +104,9 @@ SPILL_BACKLOG = 8192
 MEMORY_KEYS = 1 << 16
 HOLD = False
 COLD_HOME = "index"
+COLD_SHARE = False      # the cold-home rule's gates (module header), defaults set by measurement
+COLD_BACKLOG = False
+SHARE_MIN = 0.5         # a record covering less than half an engine's traffic cannot tell evicted from unseen
 # a first-sight key whose ring owner is over the mean: "two" = the lighter of its first two ring
 # replicas; "least" = the least-loaded healthy replica (SGLang cache_aware's no-match rule), measured
 # in docs/experiments.md "Issue 23 simulator goals, status" (not better: off)
@@ -139,7 +142,8 @@ class CacheRoutePolicy:
                  reuse_weight: float = 1.0, spill_cost: float | None = SPILL_COST,
                  spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS, hold: bool = HOLD,
                  hold_backlog: int | None = None, hold_spill: bool = True, cold_home: str | None = COLD_HOME,
-                 first_sight: str = FIRST_SIGHT):
+                 first_sight: str = FIRST_SIGHT, cold_share: bool = COLD_SHARE,
+                 cold_backlog: bool = COLD_BACKLOG):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
@@ -162,6 +166,8 @@ class CacheRoutePolicy:
         if cold_home not in COLD_HOMES:
             raise ValueError(f"unknown cold_home {cold_home!r}; valid: {', '.join(map(str, COLD_HOMES))}")
         self.cold_home = cold_home
+        self.cold_share = cold_share
+        self.cold_backlog = cold_backlog
         if first_sight not in FIRST_SIGHTS:
             raise ValueError(f"unknown first_sight {first_sight!r}; valid: {', '.join(FIRST_SIGHTS)}")
         self.first_sight = first_sight
@@ -270,9 +276,11 @@ class CacheRoutePolicy:
     def _off_cold_home(self, request: Request, best: int, members, state: ClusterState) -> Pick | None:
         """The planned member does not hold the request's prefix (evicted): its prefill costs the
         same anywhere, so go where the prefix is cached among the key's members and first two ring
-        replicas, else to the one of them with the least queued prefill. None: home holds it."""
-        holds = self._holds(request, state)
-        if holds is None or holds(best):
+        replicas, else to the one of them with the least queued prefill. None: home holds it, or a
+        gate of the module header (`cold_share`, `cold_backlog`) says the rule may not act."""
+        holds = self._holds(request, state)      # first: it builds the record pick() keeps
+        if holds is None or (self.cold_share and state.share < SHARE_MIN) or \
+                (self.cold_backlog and state.prefill_tokens[best] <= self.spill_backlog) or holds(best):
             return None
         index = self._index
         if index is not None and not index.full[best]:
