@@ -10,7 +10,7 @@ import pytest
 
 from services.core.policies import make_policy
 from services.core.policies._common import Ring
-from services.core.policies.cacheroute import SHARE_MIN
+from services.core.policies.cacheroute import COLD_BACKLOG, COLD_SHARE, SHARE_MIN
 from services.core.policy import Reason
 from tests.unit.test_cacheroute_cold_home import blocks, cluster, evict_a_from_home
 from tests.unit.test_policies_rules import R, make_plan, request
@@ -31,8 +31,15 @@ def evicted_home(backlog_home: int, share: float = 1.0, **knobs):
     return p.pick(request("a", blocks(1)), s), ring
 
 
-def test_share_min_is_half():
-    assert SHARE_MIN == 0.5
+def test_defaults_share_gate_on_backlog_gate_off():
+    """Adopted by docs/experiments.md "Cold-home rule in a tier": A (share gate) alone."""
+    assert SHARE_MIN == 0.5 and COLD_SHARE is True and COLD_BACKLOG is False
+    p = make_policy("cacheroute", R)
+    assert p.cold_share is True and p.cold_backlog is False
+
+
+def test_by_default_a_quarter_share_keeps_an_evicted_home():
+    assert evicted_home(6000, 0.25)[0] == (2, Reason.PLANNED)
 
 
 @pytest.mark.parametrize("share, moves", [(1.0, True), (0.5, True), (0.49, False), (0.25, False)])
