@@ -56,6 +56,9 @@ class ClusterState:
                      vllm:num_requests_waiting); empty: not known
     kv_blocks        the replica's KV pool in blocks of 16 tokens; 0 (or empty): not known,
                      and then no policy can tell whether a request would overcommit it
+    share            the fraction of the cluster's in-flight requests this router instance
+                     routes (one number, not per replica): 1.0 = the only router, or unknown;
+                     1/N in a tier of N behind a round-robin Service
     """
 
     in_flight: list[int]
@@ -66,6 +69,7 @@ class ClusterState:
     prefix_match: Callable[[int, Sequence[int]], int] | None = field(default=None)
     waiting: list[int] = field(default_factory=list)
     kv_blocks: list[int] = field(default_factory=list)
+    share: float = 1.0
 
     @classmethod
     def empty(cls, replicas: int) -> "ClusterState":

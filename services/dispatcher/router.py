@@ -35,6 +35,17 @@ the cacheroute gRPC engine's EngineStats.kv_blocks; without it nothing is held).
 called (if set) after every stats poll and every closed stream: the moments a replica may have
 freed KV.
 
+Share (`ClusterState.share`, the cold-home rule's share gate): the fraction of the cluster's
+requests in flight that this dispatcher routes, sum(outstanding) / sum(engine_load) (its own open
+streams over the engines' running + waiting, which every dispatcher's requests fill), clamped to
+[0, 1] and smoothed by an EWMA updated at every stats poll where the engines report load > 0 and
+this dispatcher has proxied a stream (a Route-only dispatcher has no streams to count: unknown).
+The weight is 1 / (SHARE_ROUNDS x replicas): a memory of SHARE_ROUNDS = 4 rounds of polls, one
+second at the monitor's default 0.25 s interval. Reason: one sample compares streams open now with
+engine counts up to a poll old, so it is off by the requests started within one poll interval;
+averaging over a few intervals removes that lag, and a second is far shorter than a tier's
+membership changes (a rolling restart: tens of seconds). 1.0 until the first such poll.
+
 Hot path: `route(key)` does one policy pick, a few list updates and one append to a
 bounded telemetry buffer; no allocation beyond the tuple it appends.
 """
@@ -54,6 +65,9 @@ from services.core.policy import ClusterState, Pick, Reason
 from services.core.table import ColumnarTable
 from services.core.prefixes import chain_ids
 from services.model import DEFAULT_COLD_TAIL, Replica
+
+
+SHARE_ROUNDS = 4       # the share's EWMA memory in rounds of stats polls (module header)
 
 
 class _Probe:
@@ -102,6 +116,7 @@ class Router:
         self.engine_load = [0] * n                   # waiting + running at the last stats poll
         self.recent = [0] * n                        # routed since that poll was sent
         self.outstanding = [0] * n                   # proxied Generate streams open now
+        self.streams = 0                             # proxied Generate streams ever opened (share evidence)
         self.routed_to = [0] * n
         self.engine_stats: list[object | None] = [None] * n
         self.plan: Plan | None = None
@@ -289,8 +304,18 @@ class Router:
         self.engine_stats[i] = stats
         self.engine_prefill[i] = getattr(stats, "prefill_tokens", 0) or 0
         self.state.prefill_tokens[i] = max(self.engine_prefill[i], self.local_prefill[i])
+        self._observe_share()
         if self.changed is not None:
             self.changed()
+
+    def _observe_share(self) -> None:
+        """One EWMA step of ClusterState.share (module header), when there is evidence."""
+        load = sum(self.engine_load)
+        if load <= 0 or not self.streams:
+            return
+        sample = min(1.0, sum(self.outstanding) / load)
+        state = self.state
+        state.share += (sample - state.share) / (SHARE_ROUNDS * len(self.replicas))
 
     def set_healthy(self, i: int, healthy: bool) -> bool:
         """Mark replica i; True if that changed its health."""
@@ -331,6 +356,7 @@ class Router:
 
     def stream_opened(self, i: int) -> None:
         self.outstanding[i] += 1
+        self.streams += 1
 
     def stream_closed(self, i: int) -> None:
         self.outstanding[i] -= 1

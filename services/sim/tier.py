@@ -8,7 +8,9 @@ share only what the cluster shares: the plan (the planner sends every dispatcher
 the engines' load signals (ClusterState). `Tier` is that, as one Policy for the simulator: request
 k goes to member k mod N, each member sees every plan. The load signals are exact and instant here
 (the simulator's ClusterState), so a difference between a tier of 1 and a tier of N is what the
-per-instance memory alone causes, not poll staleness.
+per-instance memory alone causes, not poll staleness. Each member picks with `ClusterState.share`
+= 1/N (restored after the pick): round robin gives every instance a 1/N share of the requests in
+flight, which is what a live dispatcher measures (services.dispatcher.router, `Router.share`).
 """
 
 from __future__ import annotations
@@ -32,9 +34,17 @@ class Tier:
         self._next = 0
 
     def pick(self, request: Request, state: ClusterState) -> Pick:
-        member = self.members[self._next]
-        self._next = (self._next + 1) % len(self.members)
-        return member.pick(request, state)
+        members = self.members
+        member = members[self._next]
+        self._next = (self._next + 1) % len(members)
+        if len(members) == 1:
+            return member.pick(request, state)
+        share = state.share
+        state.share = share / len(members)
+        try:
+            return member.pick(request, state)
+        finally:
+            state.share = share
 
     def set_plan(self, plan) -> None:
         for member in self.members:

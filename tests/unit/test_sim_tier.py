@@ -32,3 +32,20 @@ def test_round_robin_and_every_member_gets_every_plan():
 def test_needs_an_instance():
     with pytest.raises(ValueError):
         Tier(_Recorder, 0)
+
+
+class _ShareReader(_Recorder):
+    def pick(self, request, state):
+        self.seen = state.share
+        return super().pick(request, state)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_each_member_picks_with_a_share_of_one_over_n_and_the_state_is_restored(n):
+    tier = Tier(_ShareReader, n)
+    state = ClusterState.empty(4)
+    assert state.share == 1.0
+    for _ in range(n):
+        tier.pick(None, state)
+        assert state.share == 1.0
+    assert [m.seen for m in tier.members] == [1.0 / n] * n

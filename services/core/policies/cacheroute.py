@@ -43,17 +43,21 @@ Cold home (`cold_home`, default "index"; issue 24 (d)): a planned key whose memb
 holds its prefix is a cold prefill wherever it goes, so queueing it at home buys nothing. Before
 the guard, if the least-loaded member does not cache at least half the request's reusable prefix,
 the request goes to a replica that does among the key's members and its first two ring replicas,
-else to the one of them with the least queued prefill (the home on a tie), as FALLBACK when it is
-not the home. What a replica caches is this policy's record of what it routed there: an LRU the
-size of the smallest replica's KV pool (`ClusterState.kv_blocks`; unknown: the rule is off) of
-block hashes (`BlockLRU`) or, for requests without block hashes (the HTTP API), of keys weighted
-by their prompt tokens (`KeyLRU`). Until that record has evicted something from the home, a
-key missing there was only never seen by this instance (a restarted dispatcher), so it stays; "oracle" reads the engines' caches where the state has them
-(the simulator), None turns the rule off. Measured (docs/experiments.md, "Drift in the
-engine-bound regime"): after a popularity shift the newly hot tenants' prefixes have been evicted
-from their homes, their first requests arrive together and queued there behind each other (the
-drift point's p99); with the rule they spread over the key's ring and the next request follows
-the prefix.
+else to the one of them with the least queued prefill (the home on a tie), FALLBACK off home. What
+a replica caches is this policy's record of what it routed there: an LRU the size of the smallest
+KV pool (`ClusterState.kv_blocks`; unknown: the rule is off) of block hashes (`BlockLRU`) or, for
+requests without them (the HTTP API), of keys weighted by prompt tokens (`KeyLRU`). Until that
+record has evicted something from the home, a key missing there was never seen by this instance
+(a restarted dispatcher), so it stays; "oracle" reads the engines' caches where the state has them
+(the simulator), None turns the rule off. Measured (docs/experiments.md, "Drift in the engine-bound
+regime"): after a popularity shift the newly hot tenants' first requests queued at homes that had
+evicted them (the drift point's p99); with the rule they spread over the key's ring.
+Gates (docs/experiments.md, "Cold-home rule in a tier"): `cold_share` (default COLD_SHARE): act only
+when this router routes at least half the cluster's requests in flight (`ClusterState.share` >=
+SHARE_MIN 0.5): below half, most of what an engine holds was put there by other routers, so the
+record cannot tell evicted from never-seen (a tier of 4 lost ~10 points to it). `cold_backlog`
+(default COLD_BACKLOG): leave the home only when its queued prefill exceeds one engine step
+(`spill_backlog`, the spill rule's own threshold); below it the home starts the prefill next step.
 
 Knobs: `cold` = "chwbl" (default: the session-aware cold tail, consistent hashing with
 bounded loads, so a recurring cold key tends to return to the replica that has its prefix;
@@ -104,6 +108,9 @@ SPILL_BACKLOG = 8192
 MEMORY_KEYS = 1 << 16
 HOLD = False
 COLD_HOME = "index"
+COLD_SHARE = True       # the cold-home rule's gates (module header); chosen by docs/experiments.md
+COLD_BACKLOG = False    # "Cold-home rule in a tier" (B lost the drift point's p99 gain: off)
+SHARE_MIN = 0.5         # a record covering less than half an engine's traffic cannot tell evicted from unseen
 # a first-sight key whose ring owner is over the mean: "two" = the lighter of its first two ring
 # replicas; "least" = the least-loaded healthy replica (SGLang cache_aware's no-match rule), measured
 # in docs/experiments.md "Issue 23 simulator goals, status" (not better: off)
@@ -139,7 +146,8 @@ class CacheRoutePolicy:
                  reuse_weight: float = 1.0, spill_cost: float | None = SPILL_COST,
                  spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS, hold: bool = HOLD,
                  hold_backlog: int | None = None, hold_spill: bool = True, cold_home: str | None = COLD_HOME,
-                 first_sight: str = FIRST_SIGHT):
+                 first_sight: str = FIRST_SIGHT, cold_share: bool = COLD_SHARE,
+                 cold_backlog: bool = COLD_BACKLOG):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
@@ -162,6 +170,8 @@ class CacheRoutePolicy:
         if cold_home not in COLD_HOMES:
             raise ValueError(f"unknown cold_home {cold_home!r}; valid: {', '.join(map(str, COLD_HOMES))}")
         self.cold_home = cold_home
+        self.cold_share = cold_share
+        self.cold_backlog = cold_backlog
         if first_sight not in FIRST_SIGHTS:
             raise ValueError(f"unknown first_sight {first_sight!r}; valid: {', '.join(FIRST_SIGHTS)}")
         self.first_sight = first_sight
@@ -270,9 +280,11 @@ class CacheRoutePolicy:
     def _off_cold_home(self, request: Request, best: int, members, state: ClusterState) -> Pick | None:
         """The planned member does not hold the request's prefix (evicted): its prefill costs the
         same anywhere, so go where the prefix is cached among the key's members and first two ring
-        replicas, else to the one of them with the least queued prefill. None: home holds it."""
-        holds = self._holds(request, state)
-        if holds is None or holds(best):
+        replicas, else to the one of them with the least queued prefill. None: home holds it, or a
+        gate of the module header (`cold_share`, `cold_backlog`) says the rule may not act."""
+        holds = self._holds(request, state)      # first: it builds the record pick() keeps
+        if holds is None or (self.cold_share and state.share < SHARE_MIN) or \
+                (self.cold_backlog and state.prefill_tokens[best] <= self.spill_backlog) or holds(best):
             return None
         index = self._index
         if index is not None and not index.full[best]:
