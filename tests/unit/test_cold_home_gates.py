@@ -1,6 +1,6 @@
 """The cold-home rule's two gates (services/core/policies/cacheroute.py, module header): the share
-gate (the rule acts only when this router routes at least half of the cluster's requests in
-flight, ClusterState.share >= SHARE_MIN, else its record cannot tell evicted from never-seen) and
+gate (the rule acts only when this router routes most of the cluster's requests in
+flight, ClusterState.share >= SHARE_MIN (0.75), else its record cannot tell evicted from never-seen) and
 the backlog gate (an evicted home is left only when its queued prefill exceeds one engine step,
 `spill_backlog`, the spill rule's own threshold)."""
 
@@ -33,7 +33,7 @@ def evicted_home(backlog_home: int, share: float = 1.0, **knobs):
 
 def test_defaults_share_gate_on_backlog_gate_off():
     """Adopted by docs/experiments.md "Cold-home rule in a tier": A (share gate) alone."""
-    assert SHARE_MIN == 0.5 and COLD_SHARE is True and COLD_BACKLOG is False
+    assert SHARE_MIN == 0.75 and COLD_SHARE is True and COLD_BACKLOG is False
     p = make_policy("cacheroute", R)
     assert p.cold_share is True and p.cold_backlog is False
 
@@ -42,7 +42,7 @@ def test_by_default_a_quarter_share_keeps_an_evicted_home():
     assert evicted_home(6000, 0.25)[0] == (2, Reason.PLANNED)
 
 
-@pytest.mark.parametrize("share, moves", [(1.0, True), (0.5, True), (0.49, False), (0.25, False)])
+@pytest.mark.parametrize("share, moves", [(1.0, True), (0.75, True), (0.74, False), (0.5, False), (0.25, False)])
 def test_share_gate(share, moves):
     pick, ring = evicted_home(6000, share, cold_share=True, cold_backlog=False)
     assert pick == ((ring[1], Reason.FALLBACK) if moves else (2, Reason.PLANNED))

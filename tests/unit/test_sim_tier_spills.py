@@ -9,6 +9,8 @@ Deterministic, simulated time: ~7 s for both runs. Failed on main (6.7 vs 13.1).
 
 from __future__ import annotations
 
+import pytest
+
 from experiments import bound_tenants as bt
 
 QPS, SEED = 24.0, 1
@@ -18,8 +20,10 @@ def spilled(tier: int, reqs, spec) -> float:
     return bt.run(spec, reqs, tier)["misses"]["spilled"] * 100
 
 
-def test_a_tier_of_four_spills_at_most_a_point_more_than_one_router():
+@pytest.mark.parametrize("tier", [2, 4])
+def test_a_tier_spills_at_most_a_point_more_than_one_router(tier):
+    """A tier of 2 (share 1/2) failed with the gate at 0.5 (11.5 points spilled at 24 req/s)."""
     spec = bt.spec_for("cacheroute", {}, QPS, SEED)
     reqs = bt.requests(QPS, SEED)
-    one, four = spilled(1, reqs, spec), spilled(4, reqs, spec)
-    assert four <= one + 1.0, (one, four)
+    one, many = spilled(1, reqs, spec), spilled(tier, reqs, spec)
+    assert many <= one + 1.0, (one, many)

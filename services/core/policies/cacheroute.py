@@ -53,10 +53,12 @@ record has evicted something from the home, a key missing there was never seen b
 regime"): after a popularity shift the newly hot tenants' first requests queued at homes that had
 evicted them (the drift point's p99); with the rule they spread over the key's ring.
 Gates (docs/experiments.md, "Cold-home rule in a tier"): `cold_share` (default on): act only
-when this router routes at least half the cluster's requests in flight (`ClusterState.share` >=
-SHARE_MIN 0.5): below half, most of what an engine holds was put there by other routers, so the
+when this router routes most of the cluster's requests in flight (`ClusterState.share` >=
+SHARE_MIN 0.75): otherwise much of what an engine holds was put there by other routers, so the
 record cannot tell evicted from never-seen (a simulated tier of 4 lost 10-13 points to it at 24
-req/s; with the gate none; a tier of 2, share 0.5, still loses 3-8). `cold_backlog` (default off):
+req/s, a tier of 2 3-8; with the gate none). 0.75 is the midpoint between a router alone (share 1)
+and one of two (0.5): the widest margin for the live estimate's noise on either side, where a gate at
+0.5 would flip with it in a tier of 2. `cold_backlog` (default off):
 leave the home only when its queued prefill exceeds one engine step (`spill_backlog`, the spill
 rule's threshold; below it the home starts the prefill next step anyway); measured, it undid the
 drift gain (p99 0.99 -> 1.50 s at 24 req/s): the gain is in leaving before a backlog builds.
@@ -112,7 +114,7 @@ HOLD = False
 COLD_HOME = "index"
 COLD_SHARE = True       # the cold-home rule's gates (module header); chosen by docs/experiments.md
 COLD_BACKLOG = False    # "Cold-home rule in a tier" (B lost the drift point's p99 gain: off)
-SHARE_MIN = 0.5         # a record covering less than half an engine's traffic cannot tell evicted from unseen
+SHARE_MIN = 0.75        # alone (1) vs one of two (0.5): the midpoint (module header)
 # a first-sight key whose ring owner is over the mean: "two" = the lighter of its first two ring
 # replicas; "least" = the least-loaded healthy replica (SGLang cache_aware's no-match rule), measured
 # in docs/experiments.md "Issue 23 simulator goals, status" (not better: off)
