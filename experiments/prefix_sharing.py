@@ -14,9 +14,9 @@ from collections import defaultdict
 
 import orjson
 
-from experiments.run import MOONCAKE
+from experiments.run import MOONCAKE_CONVERSATION, MOONCAKE_SYNTHETIC, data_path
 
-DEFAULT = (f"{MOONCAKE}/conversation_trace.first_half.jsonl", f"{MOONCAKE}/synthetic_trace.jsonl")
+DEFAULT = (MOONCAKE_CONVERSATION, MOONCAKE_SYNTHETIC)          # under $CACHEROUTE_DATA, resolved in main
 
 
 def sharing(path: str, key_ids: int = 2) -> dict:
@@ -48,7 +48,7 @@ def sharing(path: str, key_ids: int = 2) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     for path in (argv if argv else DEFAULT):
-        print(orjson.dumps(sharing(path)).decode())
+        print(orjson.dumps(sharing(data_path(path))).decode())
     return 0
 
 

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import orjson
 
-from experiments.run import COMPARE, RESULTS, load
+from experiments.run import COMPARE, RESULTS, load, resolve
 
 # the Mooncake tables (f) first: they had the most preempted runs
 ORDER = ("mooncake-conversation", "mooncake-synthetic", "flagship-k256", "low-reuse", "flagship-k128",
@@ -37,7 +37,7 @@ def _specs(name: str):
     from clients.cli import build_parser
     from clients.cli.sim import _spec
 
-    argv = [*COMPARE[name], "--out", "/dev/null"]
+    argv = resolve([*COMPARE[name], "--out", "/dev/null"])
     args = build_parser().parse_args(argv)
     return lambda policy: _spec(args, policy)
 

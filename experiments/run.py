@@ -13,6 +13,9 @@ result and prints the markdown tables of docs/experiments.md (ours next to the p
 `--only` re-runs the named policies of a compare experiment (or the planner row) with the same
 arguments and replaces their rows in the stored results; `--keep-old TAG` keeps each replaced
 row as `<policy>-TAG`, so figures measured on earlier code stay visible next to the new ones.
+Trace experiments read their files under $CACHEROUTE_DATA (the shared data folder); the stored
+commands name them `$CACHEROUTE_DATA/...` (`--print` shows them so) and running one without the
+variable stops with a one-line error.
 
 Settings chosen once for every policy (docs/experiments.md, "Setup"): 150 s of arrivals,
 60 s warm-up (two 30 s control intervals, so planned policies are measured on their second
@@ -33,15 +36,34 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(ROOT, "results")
 
 
-def shared_data(environ=os.environ) -> str:
-    """The shared data folder: $CACHEROUTE_DATA, else `shared/data` beside the repository
-    checkout (../shared/data from its root), as tests/unit/test_traces.py finds it."""
-    return environ.get("CACHEROUTE_DATA") or os.path.normpath(os.path.join(ROOT, os.pardir, os.pardir,
-                                                                           "shared", "data"))
+# Trace paths in the stored commands start with this placeholder; it is replaced by $CACHEROUTE_DATA
+# when a command runs (resolve), never guessed from the checkout's location
+DATA = "$CACHEROUTE_DATA"
 
 
-MOONCAKE = os.path.join(shared_data(), "mooncake")
-AZURE = os.path.join(shared_data(), "azure-llm-2023", "AzureLLMInferenceTrace_conv.csv")
+def data_dir(environ=os.environ) -> str:
+    """The shared data folder (mooncake/, azure-llm-2023/): $CACHEROUTE_DATA, else a one-line error."""
+    path = environ.get("CACHEROUTE_DATA")
+    if not path:
+        raise SystemExit("a trace is needed: set CACHEROUTE_DATA to the shared data folder "
+                         "(the one holding mooncake/ and azure-llm-2023/)")
+    return path
+
+
+def data_path(arg: str, environ=os.environ) -> str:
+    """`arg` with a leading `$CACHEROUTE_DATA/` replaced by the data folder; any other argument as it is."""
+    prefix = DATA + "/"
+    return os.path.join(data_dir(environ), arg[len(prefix):]) if arg.startswith(prefix) else arg
+
+
+def resolve(argv: list[str], environ=os.environ) -> list[str]:
+    """A stored command ready to run: its trace paths under the data folder."""
+    return [data_path(a, environ) for a in argv]
+
+
+MOONCAKE_CONVERSATION = f"{DATA}/mooncake/conversation_trace.first_half.jsonl"
+MOONCAKE_SYNTHETIC = f"{DATA}/mooncake/synthetic_trace.jsonl"
+AZURE_CONVERSATION = f"{DATA}/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 
 ALL_POLICIES = "flat,sticky,chwbl,sglang,llmd,dynamo,preble,dualmap,cacheroute"
 TRACE_POLICIES = ALL_POLICIES + ",cacheroute-prefix"     # the traces also run the prefix-aware plans
@@ -104,7 +126,7 @@ COMPARE: dict[str, list[str]] = {
     # looped and time-scaled to the offered QPS (`--arrivals`, services.core.traces.replay_arrivals)
     "burst-poisson": ["sim", "compare", *BURST],
     "burst-mmpp": ["sim", "compare", *BURST, "--cv", "1.9", "--knob", "burst_dwell=10"],
-    "burst-azure": ["sim", "compare", *BURST, "--arrivals", AZURE],
+    "burst-azure": ["sim", "compare", *BURST, "--arrivals", AZURE_CONVERSATION],
     # the same at the two Poisson capacities only (flat 100, cacheroute 250; q_cap as flagship-k128),
     # sized for the shared machine: does each still pass under correlated bursts?
     "burst-mmpp-knees": ["sim", "compare", "--workload", "paper", "--cv", "1.9", "--knob", "burst_dwell=10",
@@ -118,10 +140,10 @@ COMPARE: dict[str, list[str]] = {
     "low-reuse-32b-2pt": ["sim", "compare", "--profile", "qwen2.5-32b-fp8-h100", "--workload", "low-reuse",
                           "--policies", "flat,cacheroute", "--qps-grid", "60,100", "--slo-p99", "3.5", *SYNTH],
     # traces: 8B profile, 8 replicas (docs/experiments.md, experiment f, says why)
-    "mooncake-conversation": ["sim", "compare", "--trace", f"{MOONCAKE}/conversation_trace.first_half.jsonl",
+    "mooncake-conversation": ["sim", "compare", "--trace", MOONCAKE_CONVERSATION,
                               "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", TRACE_POLICIES,
                               "--qps-grid", TRACE_GRID, "--slo-p99", "20", *BOOT, "--jobs", "2"],
-    "mooncake-synthetic": ["sim", "compare", "--trace", f"{MOONCAKE}/synthetic_trace.jsonl",
+    "mooncake-synthetic": ["sim", "compare", "--trace", MOONCAKE_SYNTHETIC,
                            "--profile", "llama3-8b-h100", "--replicas", "8", "--policies", TRACE_POLICIES,
                            "--qps-grid", TRACE_GRID, "--slo-p99", "10", *BOOT, "--jobs", "2"],
     # the flagship K=128 near its knee on a finer, higher grid; q_cap fixed to the value flagship-k128
@@ -146,8 +168,8 @@ COMPARE: dict[str, list[str]] = {
 PLANNER = {"planner-k128": (128, FLAGSHIP_GRID, None), "planner-k256": (256, FLAGSHIP_GRID, None),
            "planner-k128-knee": (128, "200,225,250,275,300,350,400", 10.75),
            "planner-k256-w8": (256, FLAGSHIP_GRID, None, 8)}
-TRACES = {"mooncake-conversation": f"{MOONCAKE}/conversation_trace.first_half.jsonl",
-          "mooncake-synthetic": f"{MOONCAKE}/synthetic_trace.jsonl"}
+TRACES = {"mooncake-conversation": MOONCAKE_CONVERSATION,
+          "mooncake-synthetic": MOONCAKE_SYNTHETIC}
 EXPERIMENTS = (*COMPARE, *PLANNER, "drift", "ideal")
 
 
@@ -173,7 +195,7 @@ def rerun(name: str, policies: list[str], keep_old: str | None) -> int:
     elif name in COMPARE:
         from clients.cli import main as cli
 
-        rc = cli(command(name, scratch, ",".join(policies)))
+        rc = cli(resolve(command(name, scratch, ",".join(policies))))
     else:
         raise SystemExit(f"--only applies to compare experiments and planner-k*, not {name}")
     if rc:
@@ -236,7 +258,7 @@ def run(name: str) -> int:
         return run_ideal()
     from clients.cli import main
 
-    return main(command(name))
+    return main(resolve(command(name)))
 
 
 def run_ideal() -> int:
@@ -250,7 +272,7 @@ def run_ideal() -> int:
     for name, path in TRACES.items():
         row = {}
         for qps in (float(q) for q in TRACE_GRID.split(",")):
-            reqs = tracefiles.load_mooncake(path, qps=qps).requests
+            reqs = tracefiles.load_mooncake(data_path(path), qps=qps).requests
             end = reqs[-1].arrival + 1e-9
             row[f"{qps:g}"] = ideal_window_hit_rate(reqs, min(60.0, 0.25 * end), end)
         out[name] = {"whole_trace": traces.ideal_hit_rate(reqs), "window_by_qps": row}

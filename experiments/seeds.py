@@ -19,7 +19,7 @@ import math
 import os
 import sys
 
-from experiments.run import COMPARE, RESULTS, load, load_path
+from experiments.run import COMPARE, RESULTS, load, load_path, resolve
 
 NINE = "flat,sticky,chwbl,sglang,llmd,dynamo,preble,dualmap,cacheroute"
 
@@ -77,7 +77,7 @@ def run(names: list[str]) -> int:
         for seed in SEEDS:
             if os.path.exists(os.path.join(out_dir(name, seed), "results.json")):
                 continue
-            rc = cli(command(name, seed))
+            rc = cli(resolve(command(name, seed)))
             if rc:
                 return rc
     return 0

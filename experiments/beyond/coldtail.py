@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from experiments.beyond.common import SOURCES, capacity, load, save, slim, variant
+from experiments.beyond.common import capacity, load, save, slim, source as source_spec, variant
 
 VARIANTS = {"cacheroute+p2c-tail": ("cacheroute", {"cold": "p2c"}),
             "cacheroute+chwbl-tail": ("cacheroute", {"cold": "chwbl"})}
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out: dict[str, dict] = load("coldtail")
     for source in args.sources.split(","):
-        base, grid, slo = SOURCES[source]
+        base, grid, slo = source_spec(source)
         runs = dict(VARIANTS)
         runs.update({p: (p, {}) for p in args.policies.split(",") if p})
         out.setdefault(source, {})

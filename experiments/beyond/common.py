@@ -12,7 +12,6 @@ from services.sim.runs import RunSpec, capacity_report, run_spec, sweep
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(os.path.dirname(ROOT), "results", "beyond")
-MOONCAKE = run.MOONCAKE            # $CACHEROUTE_DATA/mooncake, else ../shared/data/mooncake
 
 TRACE_GRID = [4, 8, 12, 16, 20, 24, 32]
 # (name, base RunSpec, grid, slo): experiments/run.py's settings (bootstrap plan at 5 s, grids,
@@ -26,13 +25,19 @@ SOURCES = {
                       workload_knobs={"cv": 1.9}), [20, 50, 100, 150, 200, 250, 300], 3.5),
     "mooncake-conversation": (RunSpec(policy="flat", qps=None, workload=None, duration=None, replicas=8,
                                       profile="llama3-8b-h100", first_plan_at=5,
-                                      trace=f"{MOONCAKE}/conversation_trace.first_half.jsonl"),
+                                      trace=run.MOONCAKE_CONVERSATION),
                               TRACE_GRID, 20.0),
     "mooncake-synthetic": (RunSpec(policy="flat", qps=None, workload=None, duration=None, replicas=8,
                                    profile="llama3-8b-h100", first_plan_at=5,
-                                   trace=f"{MOONCAKE}/synthetic_trace.jsonl"),
+                                   trace=run.MOONCAKE_SYNTHETIC),
                            TRACE_GRID, 10.0),
 }
+
+
+def source(name: str) -> tuple[RunSpec, list, float]:
+    """SOURCES[name] ready to run: a trace source's path under $CACHEROUTE_DATA (run.data_path)."""
+    base, grid, slo = SOURCES[name]
+    return (replace(base, trace=run.data_path(base.trace)) if base.trace else base), grid, slo
 
 
 def capacity(spec: RunSpec, grid, slo: float, run=None) -> dict:
@@ -67,4 +72,4 @@ def slim(report: dict) -> dict:
             "points": [{k: p.get(k) for k in keep} for p in report["points"]]}
 
 
-__all__ = ["SOURCES", "RESULTS", "capacity", "variant", "load", "save", "slim", "run_spec"]
+__all__ = ["SOURCES", "RESULTS", "source", "capacity", "variant", "load", "save", "slim", "run_spec"]

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import replace
 
-from experiments.beyond.common import SOURCES, load, save
+from experiments.beyond.common import load, save, source as source_spec
 from experiments.harness.gated import run_gated_spec
 from services.core.metrics import slo_capacity
 from services.sim.runs import PLANNED, calibrated_q_cap, run_spec
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     name = "gated" if args.cold == "p2c" else f"gated-{args.cold}"
     out = load(name)          # sources and arms run earlier stay; the ones named here are replaced
     for source in args.sources.split(","):
-        base, grid, slo = SOURCES[source]
+        base, grid, slo = source_spec(source)
         out.setdefault(source, {})
         arms = {"flat": (replace(base, policy="flat"), run_spec),
                 "cacheroute": (replace(base, policy="cacheroute", policy_knobs=cold), run_spec),

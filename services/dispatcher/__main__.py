@@ -87,7 +87,7 @@ from services.dispatcher.http import HttpConfig
 from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.servicer import KeyRules
 from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
-from services.flags import env, flag, switch
+from services.flags import flag, switch
 from services.http.server import HttpTimeouts
 from services.model import COLD_TAILS, DEFAULT_COLD_TAIL, parse_replicas
 from services.rpc import add_server_flags, run_service, server_config, setup_logging
@@ -104,8 +104,8 @@ def add_dispatcher_flags(parser: argparse.ArgumentParser) -> None:
     flag(g, "--key-blocks", env="KEY_BLOCKS", default=4, type=int, help="key = chained hash of the first N blocks")
     flag(g, "--key-tokens", env="KEY_TOKENS", default=64, type=int, help="key = hash of the first N prompt tokens")
     flag(g, "--prefix-nodes", env="PREFIX_NODES", default=0, type=int, choices=(0, 1), help="1: prefix-aware routing")
-    flag(g, "--cold-tail", "--cold", dest="cold", env="COLD_TAIL", default=env("COLD", DEFAULT_COLD_TAIL),
-         shown=f"$CACHEROUTE_COLD or {DEFAULT_COLD_TAIL}", choices=COLD_TAILS, help="cold-tail policy")
+    flag(g, "--cold-tail", "--cold", dest="cold", env=("COLD_TAIL", "COLD"), default=DEFAULT_COLD_TAIL,
+         empty_is_default=True, choices=COLD_TAILS, help="cold-tail policy")
     flag(g, "--hold-limit", env="HOLD_LIMIT", default=0.0, type=float,
          help="seconds a request may be held while KV is full, 0 = never")
     flag(g, "--poll-interval", env="POLL_INTERVAL", default=0.25, type=float, help="replica poll period, seconds")

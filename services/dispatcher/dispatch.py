@@ -25,13 +25,16 @@ The rule, per request:
      failures, capped share; "unreachable"/"unavailable" eject at once); an answer resets
      the replica's count (`answered`). "invalid", "full" and "denied" are answers, not failures.
   5. A request the engine took (HTTP 200, or a first chunk) is an arrival for the planner
-     (`record_arrival`, the served rule of gRPC Generate). When the answer is complete,
+     (`record_arrival`, the served rule of gRPC Generate) if its caller's telemetry budget
+     (`Job.caller`, the one SharedBudget) has room, asked only then. When the answer is complete,
      `Served.finish` records its cache usage for HTTP engines (the gRPC engine reports its
      own counters); a client that left is `client_gone` (counted by reason, never against
      the engine); a failure after output began is `Served.failed` (ejection, no retry).
 
 The error mapping exists once, below (`ERRORS`): each EngineError kind's HTTP status,
-OpenAI error type and code, and gRPC status.
+OpenAI error type and code, and gRPC status. A front door hands `dispatch` data, not code of its
+own: the Job and the backend call built here (`completing`, `generating`), so a request's call path
+runs front door -> dispatch -> router -> backend and never back into the front door's module.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.http import oai
-from services.backends.base import Backend, EngineError
+from services.backends.base import ApiCall, Backend, EngineError, Reply
 from services.core.policy import NoHealthyReplica, Pick, Reason
 from services.dispatcher.cachestats import CacheUsage
 from services.dispatcher.router import Router
@@ -104,9 +107,9 @@ class Job:
     shared_tokens: int = 0          # the reusable prefix its arrival reports to the planner
     blocks: Sequence[int] = ()      # prefix block hashes (the prefix-aware policy)
     output_tokens: int = 0          # the request's output budget (max_tokens): the hold rule's KV estimate
-    # within its caller's telemetry budget (services/dispatcher/budget.py): a bool, or a coroutine
-    # function asked once the engine took the request (so refused requests draw nothing)
-    counted: bool | Callable[[], Awaitable[bool]] = True
+    # whose telemetry budget its arrival draws on (services/dispatcher/budget.py: a tenant or peer
+    # host), asked once the engine took the request, so refused requests draw nothing; None: unbounded
+    caller: str | None = None
 
 
 class Stream:
@@ -133,11 +136,22 @@ async def first_chunk(chunks: AsyncIterator) -> Stream:
     return Stream(first, chunks)
 
 
+def completing(call: ApiCall) -> Callable[[Backend], Awaitable[Reply]]:
+    """The backend call of an OpenAI API request (the HTTP front door's `dispatch` argument)."""
+    return lambda backend: backend.complete(call)
+
+
+def generating(request, timeout: float, authorization: str | None) -> Callable[[Backend], Awaitable[Stream]]:
+    """The backend call of a gRPC Generate, up to its first chunk (the servicer's `dispatch` argument)."""
+    return lambda backend: first_chunk(backend.generate(request, timeout, authorization=authorization))
+
+
 class Dispatcher:
     def __init__(self, router: Router, monitor, usage: CacheUsage, registry: CollectorRegistry | None = None,
-                 *, hold_limit: float = 0.0) -> None:
+                 *, hold_limit: float = 0.0, budget=None) -> None:
         self.router = router
         self.hold_limit = hold_limit
+        self.budget = budget            # services.dispatcher.budget.SharedBudget (None: every arrival counts)
         self._freed: asyncio.Event | None = None       # set (and dropped) when a replica may have freed KV
         router.changed = self._changed
         self.held = Counter("cacheroute_held", "requests held at the dispatcher (the hold rule: KV full)",
@@ -200,14 +214,20 @@ class Dispatcher:
             router.prefill_done(i, job.prompt_tokens)
             self.monitor.answered(i)
             if opened.status == 200:     # served: the engine took the request, so it is planner input
-                counted = job.counted if isinstance(job.counted, bool) else await job.counted()
-                if counted:
+                if await self._within_budget(job):
                     router.record_arrival(job.key, job.now, job.prompt_tokens, job.shared_tokens, job.blocks,
                                           replica=i)
                 else:                    # its caller is over its telemetry budget
                     router.telemetry_capped += 1
             return Served(self, i, pick, opened)
         raise AssertionError("unreachable")
+
+    async def _within_budget(self, job: Job) -> bool:
+        """Whether the served request's arrival may count as planner input (its caller's budget)."""
+        budget = self.budget
+        if budget is None or job.caller is None or not budget.bounded:
+            return True
+        return await budget.take(job.caller, 1, job.now) == 1
 
     def _pick(self, job: Job, avoid: int, hold: bool) -> Pick:
         return self.router.route(job.key, job.now, job.prompt_tokens, job.prefix_tokens, report=False, avoid=avoid,
@@ -247,7 +267,13 @@ class Dispatcher:
 
     def _closed(self, i: int, job: Job) -> None:
         self.router.prefill_done(i, job.prompt_tokens)
-        self.router.stream_closed(i)
+        self.stream_closed(i)
+
+    def stream_closed(self, i: int) -> None:
+        """A stream of replica i ended: the router's count, then wake held requests (the router's
+        `changed`, called from here rather than by the router, so the call path stays downward)."""
+        self.router.stream_closed(i, notify=False)
+        self._changed()
 
 
 class Served:
@@ -287,4 +313,4 @@ class Served:
         try:
             await self.opened.close()
         finally:
-            self.dispatcher.router.stream_closed(self.replica)
+            self.dispatcher.stream_closed(self.replica)

@@ -88,7 +88,7 @@ from services.auth import AuthError, KeyRing, bearer
 from services.backends.base import ApiCall, Backend, Deadlines, EngineError
 from services.core import routing
 from services.dispatcher.budget import http_caller
-from services.dispatcher.dispatch import Dispatcher, Job, Served, http_error
+from services.dispatcher.dispatch import Dispatcher, Job, Served, completing, http_error
 from services.dispatcher.keys import KEY_HEADER, PromptKeys, request_key, tenant_cache_salt
 from services.dispatcher.router import Router
 from services.http.server import HttpTimeouts, start_http
@@ -138,7 +138,6 @@ class FrontDoor:
         self._deadlines = config.deadlines
         self._models: tuple[float, list] = (0.0, [])
         self._open: dict[str, int] = {}             # open completions by tenant (max_tenant_requests)
-        self.budget = None                          # services.dispatcher.budget.SharedBudget, set by the service
         self._requests = Counter("cacheroute_http_requests", "HTTP API requests by endpoint and status",
                                  ["endpoint", "status"], registry=registry)
         self._counted: dict[tuple[str, int], Counter] = {}
@@ -274,24 +273,15 @@ class FrontDoor:
         forwarded = request.headers.get("Authorization") if self.config.forward_client_auth else None
         call = ApiCall(path, doc, body, req, key, self._deadlines, salt, forwarded)
         try:
-            now = time.time()
-            counted = True if self.budget is None or not self.budget.bounded else \
-                lambda: self._within_budget(request, tenant, now)  # noqa: E731 - asked once served
-            job = Job(key, now, prompt_tokens, shared, shared, output_tokens=req.max_tokens or 0, counted=counted)
-            served = await self.dispatcher.dispatch(job, lambda backend: backend.complete(call))
+            job = Job(key, time.time(), prompt_tokens, shared, shared, output_tokens=req.max_tokens or 0,
+                      caller=http_caller(tenant, self.keyring.enabled, request.remote))
+            served = await self.dispatcher.dispatch(job, completing(call))
         except EngineError as error:
             raise http_error(error) from None
         try:
             return await self._send(request, served)
         finally:
             await served.close()
-
-    async def _within_budget(self, request: web.Request, tenant: str, now: float) -> bool:
-        """Whether this request's arrival may count as planner input (services/dispatcher/budget.py)."""
-        if self.budget is None or not self.budget.bounded:
-            return True
-        caller = http_caller(tenant, self.keyring.enabled, request.remote)
-        return caller is None or await self.budget.take(caller, 1, now) == 1
 
     async def _send(self, request: web.Request, served: Served) -> web.StreamResponse:
         """Write the engine's Reply to the client: whole, or event by event."""

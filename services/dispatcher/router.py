@@ -33,7 +33,8 @@ FALLBACK (gRPC Route callers cannot wait here). The hold rule reads `ClusterStat
 `waiting`, which the stats poll fills (kv_blocks only from engines that report their pool size,
 the cacheroute gRPC engine's EngineStats.kv_blocks; without it nothing is held). `changed` is
 called (if set) after every stats poll and every closed stream: the moments a replica may have
-freed KV.
+freed KV (Dispatcher's own streams close with notify=False and wake its holds directly, so a
+request's path never calls back up into dispatch.py).
 
 Share (`ClusterState.share`, the cold-home rule's share gate): the fraction of the cluster's
 requests in flight that this dispatcher routes, sum(outstanding) / sum(engine_load) (its own open
@@ -358,7 +359,8 @@ class Router:
         self.outstanding[i] += 1
         self.streams += 1
 
-    def stream_closed(self, i: int) -> None:
+    def stream_closed(self, i: int, *, notify: bool = True) -> None:
+        """One stream on replica i ended; `changed` is called unless the caller wakes holds itself."""
         self.outstanding[i] -= 1
-        if self.changed is not None:
+        if notify and self.changed is not None:
             self.changed()

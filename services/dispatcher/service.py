@@ -160,7 +160,7 @@ class DispatcherService:
         metrics.registry.register(RouterMetrics(self.router))
         ring = data_plane_keys(self.config)
         self.dispatcher = Dispatcher(self.router, self.monitor, self.usage, metrics.registry,
-                                     hold_limit=self.config.hold_limit)
+                                     hold_limit=self.config.hold_limit, budget=self.budget)
         servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
                                       budget=self.budget, keyring=ring,
                                       dispatcher=self.dispatcher, forward_client_auth=self.config.http.forward_client_auth)
@@ -170,7 +170,6 @@ class DispatcherService:
         if self.config.http.port >= 0:
             self.http = await HttpApi(self.router, self.dispatcher, self.config.http, ring,
                                       registry=metrics.registry).start()
-            self.http.front.budget = self.budget
         if self.config.ext_proc_port >= 0:
             from services.dispatcher.extproc import start_ext_proc
             self.ext_proc, self.ext_proc_port = await start_ext_proc(

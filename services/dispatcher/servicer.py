@@ -15,7 +15,7 @@ from typing import AsyncIterator, Iterable, Sequence
 from cacheroute.v1 import common_pb2, dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2
 from services.auth import bearer_of_metadata
 from services.backends.base import EngineError
-from services.dispatcher.dispatch import Dispatcher, Job, first_chunk, grpc_error
+from services.dispatcher.dispatch import Dispatcher, Job, generating, grpc_error
 from services.core import routing
 from services.core.policy import NoHealthyReplica
 from services.core.request import BLOCK_TOKENS
@@ -224,15 +224,10 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):
             blocks = routing.cacheable_blocks(request.blocks.block_hashes, prompt_tokens)
         timeout = context.time_remaining() or self.rules.generate_timeout
         forwarded = self._forwarded(context)
-        now = time.time()
-
-        async def counted() -> bool:
-            return await self._granted(context, 1, now) == 1
-
-        job = Job(key, now, prompt_tokens, prefix_tokens, prefix_tokens, blocks, request.max_tokens, counted=counted)
+        caller = self.caller(context) if self.budget.bounded else None
+        job = Job(key, time.time(), prompt_tokens, prefix_tokens, prefix_tokens, blocks, request.max_tokens, caller=caller)
         try:
-            served = await self.dispatcher.dispatch(
-                job, lambda backend: first_chunk(backend.generate(request, timeout, authorization=forwarded)))
+            served = await self.dispatcher.dispatch(job, generating(request, timeout, forwarded))
         except EngineError as error:
             raise grpc_error(error) from None
         stream, done = served.opened, False

@@ -74,7 +74,7 @@ from services.planner.control import LoopConfig, switching_config
 from services.planner.engines import parse_discovery
 from services.planner.gate import GateConfig
 from services.planner.service import PlannerConfig, serve
-from services.flags import env, flag
+from services.flags import flag
 from services.rpc import add_server_flags, run_service, server_config
 from services.store import add_store_flags, telemetry_from_args
 
@@ -121,18 +121,18 @@ def add_gate_flags(p: argparse.ArgumentParser) -> None:
          help="replay candidates against Flat-LB before activating them")
     flag(g, "--gate-margin", env="GATE_MARGIN", default=0.10, type=float, help="required p99 or capacity improvement")
     flag(g, "--gate-window", env="GATE_WINDOW", default=120.0, type=float, help="seconds of arrivals replayed")
-    flag(g, "--gate-profile", env="GATE_PROFILE", default=env("PROFILE", "llama3-8b-h100"),
-         shown="$CACHEROUTE_PROFILE or llama3-8b-h100", help="engine profile of the replay")
-    kv_blocks = env("GATE_KV_BLOCKS", env("KV_BLOCKS"))
-    flag(g, "--gate-kv-blocks", env="GATE_KV_BLOCKS", default=int(kv_blocks) if kv_blocks else None, type=int,
-         shown="$CACHEROUTE_KV_BLOCKS or the profile's", help="KV blocks per replica in the replay")
-    flag(g, "--gate-time-scale", env="GATE_TIME_SCALE", default=float(env("GATE_TIME_SCALE", env("TIME_SCALE", "1"))),
-         type=float, shown="$CACHEROUTE_TIME_SCALE or 1", help="the engines' time scale, wall seconds per model second")
+    # the replay's engine figures default to the engines' own variables (services/engine/__main__.py)
+    flag(g, "--gate-profile", env=("GATE_PROFILE", "PROFILE"), default="llama3-8b-h100", empty_is_default=True,
+         help="engine profile of the replay")
+    flag(g, "--gate-kv-blocks", env=("GATE_KV_BLOCKS", "KV_BLOCKS"), default=None, type=int,
+         help="KV blocks per replica in the replay, none = the profile's")
+    flag(g, "--gate-time-scale", env=("GATE_TIME_SCALE", "TIME_SCALE"), default=1.0, type=float,
+         help="the engines' time scale, wall seconds per model second")
     flag(g, "--gate-slo", env="GATE_SLO", default=3.5, type=float, help="p99 TTFT SLO in seconds for the capacity estimate")
     flag(g, "--gate-timeout", env="GATE_TIMEOUT", default=30.0, type=float,
          help="seconds one replay may take; an overrun fails the gate")
     flag(g, "--gate-max-requests", env="GATE_MAX_REQUESTS", default=2000, type=int, help="latest records replayed")
-    flag(g, "--cold-tail", env="COLD_TAIL", default=DEFAULT_COLD_TAIL, choices=COLD_TAILS,
+    flag(g, "--cold-tail", env="COLD_TAIL", default=DEFAULT_COLD_TAIL, choices=COLD_TAILS, empty_is_default=True,
          help="the dispatchers' cold tail, replayed with the candidate")
     flag(g, "--fallback-knobs", env="FALLBACK_KNOBS", default="",
          help="key_tolerance=,p99_tolerance=,p99_slack= (services.core.shadow.FallbackConfig)")

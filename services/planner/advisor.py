@@ -28,7 +28,7 @@ Knobs and why (AdviceConfig):
   (docs/experiments.md, "Capacity advisor").
 - `output_tokens` 200: used only when no reporter measured an output length. It is the Azure
   LLM inference conversation trace's mean output (211 tokens over 19,366 requests,
-  ../data/azure-llm-2023; the Mooncake traces' are 149 and 346), rounded; not the synthetic
+  $CACHEROUTE_DATA/azure-llm-2023; the Mooncake traces' are 149 and 346), rounded; not the synthetic
   workloads' (242), which the check evaluates it on. Output length sets decode work and KV
   held per request, so a low guess under-sizes: 64 recommended 1-2 replicas too few.
 """

@@ -143,18 +143,29 @@ def test_ideal_window_hit_rate_counts_only_the_window():
     assert ideal_window_hit_rate(reqs, 0.0, 1.0) == 0.0
 
 
-def test_shared_data_is_found_beside_the_checkout_or_from_the_environment():
-    import os
-
+def test_trace_paths_come_from_cacheroute_data_only_when_a_command_runs(monkeypatch, capsys):
     from experiments import prefix_sharing
+    from experiments.beyond import common
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(run.__file__)))
-    assert run.shared_data({}) == os.path.normpath(os.path.join(repo, "..", "shared", "data"))
-    assert run.shared_data({"CACHEROUTE_DATA": "/data/x"}) == "/data/x"
-    assert run.MOONCAKE == os.path.join(run.shared_data(), "mooncake")
-    assert all(p.startswith(run.MOONCAKE + "/") for p in prefix_sharing.DEFAULT)
-    traces = [a for argv in run.COMPARE.values() for a in argv if a.endswith(".jsonl")]
-    assert traces and all(t.startswith(run.MOONCAKE + "/") for t in traces)
+    monkeypatch.delenv("CACHEROUTE_DATA", raising=False)
+    assert run.main(["mooncake-conversation", "--print"]) == 0       # printing needs no data folder
+    assert "--trace $CACHEROUTE_DATA/mooncake/conversation_trace.first_half.jsonl" in capsys.readouterr().out
+    assert run.resolve(["--qps", "4"]) == ["--qps", "4"]             # no trace: nothing to resolve
+    for needs_trace in (lambda: run.resolve(run.command("mooncake-synthetic")),
+                        lambda: run.data_path(run.AZURE_CONVERSATION), lambda: run.main(["ideal"]),
+                        lambda: common.source("mooncake-conversation"), lambda: prefix_sharing.main([])):
+        with pytest.raises(SystemExit, match="^a trace is needed: set CACHEROUTE_DATA to"):
+            needs_trace()
+    env = {"CACHEROUTE_DATA": "/data/x"}
+    assert run.data_path(run.MOONCAKE_SYNTHETIC, env) == "/data/x/mooncake/synthetic_trace.jsonl"
+    stored = [a for argv in run.COMPARE.values() for a in argv if a.endswith((".jsonl", ".csv"))]
+    assert len(stored) == 3 and all(a.startswith("$CACHEROUTE_DATA/") for a in stored)
+    resolved = [a for name in run.COMPARE for a in run.resolve(run.command(name), env) if a.endswith((".jsonl", ".csv"))]
+    assert sorted(resolved) == sorted("/data/x/" + a[len("$CACHEROUTE_DATA/"):] for a in stored)
+    assert all(p.startswith("$CACHEROUTE_DATA/mooncake/") for p in (*prefix_sharing.DEFAULT, *run.TRACES.values()))
+    monkeypatch.setenv("CACHEROUTE_DATA", "/data/y")
+    assert common.source("mooncake-synthetic")[0].trace == "/data/y/mooncake/synthetic_trace.jsonl"
+    assert common.source("flagship-k128")[0] is common.SOURCES["flagship-k128"][0]
 
 
 def test_the_flagship_runs_the_calibrated_knobs():

@@ -118,11 +118,6 @@ def test_no_flag_help_is_written_by_hand(module):
     assert all(a.help.count("(env CACHEROUTE_") == 1 for a in declared(parser))
 
 
-if __name__ == "__main__":
-    json.dump({m: dump(m) for m in sorted(MAINS)}, sys.stdout, indent=1, sort_keys=True)
-    print()
-
-
 def _cli_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     """Every `cacheroute` command's parser (subcommands included) and llamacpp's, built in a
     recorded environment: (name, parser), plus the CACHEROUTE_* names read while building them."""
@@ -210,3 +205,53 @@ def test_a_numeric_chain_names_the_variable_that_was_bad(monkeypatch):
     monkeypatch.setenv("CACHEROUTE_T_A", "x")
     with pytest.raises(ValueError, match="CACHEROUTE_T_A='x'"):
         flag(argparse.ArgumentParser(), "--t", env=("T_A", "T_B"), default=1.0, type=float)
+
+
+# (main's flag adder, dest, variables in fallback order, their values, the default): the flags whose
+# default falls back to another service's variable (the gate replays the engines' figures; --cold-tail
+# keeps the old CACHEROUTE_COLD). Declared with the helper's chain, so the help names the order too.
+CHAINS = [
+    ("services.planner.__main__:add_gate_flags", "gate_profile", ("GATE_PROFILE", "PROFILE"),
+     ("llama3-70b-fp8-h100x2", "qwen2.5-32b-fp8-h100"), "llama3-8b-h100"),
+    ("services.planner.__main__:add_gate_flags", "gate_kv_blocks", ("GATE_KV_BLOCKS", "KV_BLOCKS"), (111, 222), None),
+    ("services.planner.__main__:add_gate_flags", "gate_time_scale", ("GATE_TIME_SCALE", "TIME_SCALE"), (0.25, 0.5), 1.0),
+    ("services.dispatcher.__main__:add_dispatcher_flags", "cold", ("COLD_TAIL", "COLD"), ("p2c", "chwbl"), "chwbl"),
+]
+
+
+@pytest.mark.parametrize("adder, dest, names, values, default", CHAINS, ids=[c[1] for c in CHAINS])
+def test_a_fallback_flag_reads_its_own_variable_then_the_engines_then_its_default(
+        monkeypatch, adder, dest, names, values, default):
+    import importlib
+
+    module, func = adder.split(":")
+    add = getattr(importlib.import_module(module), func)
+    first, second = (f"CACHEROUTE_{n}" for n in names)
+
+    def parsed(environ: dict[str, object]) -> tuple[object, argparse.Action]:
+        for k in [k for k in os.environ if k.startswith("CACHEROUTE_")]:
+            monkeypatch.delenv(k)
+        for k, v in environ.items():
+            monkeypatch.setenv(k, str(v))
+        p = argparse.ArgumentParser()
+        add(p)
+        action = next(a for a in p._actions if a.dest == dest)
+        return p.parse_args(["--replicas", "r0"] if "--replicas" in p._option_string_actions else []).__dict__[dest], action
+
+    value, action = parsed({})
+    assert value == default
+    assert f"(env {first}, then {second}, default " in action.help      # the helper wrote it, in this order
+    assert parsed({second: values[1]})[0] == values[1]
+    assert parsed({first: values[0], second: values[1]})[0] == values[0]
+    assert parsed({first: values[0]})[0] == values[0]
+    if isinstance(default, float) or default is None:       # numbers: a bad value names its variable
+        with pytest.raises(ValueError, match=f"{second}='x'"):
+            parsed({second: "x"})
+    else:                                                   # text: an empty variable means the default
+        assert parsed({first: "", second: values[1]})[0] == default
+        assert parsed({second: ""})[0] == default
+
+
+if __name__ == "__main__":
+    json.dump({m: dump(m) for m in sorted(MAINS)}, sys.stdout, indent=1, sort_keys=True)
+    print()

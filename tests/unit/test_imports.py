@@ -41,14 +41,15 @@ print(" ".join(failed))
 """
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 @functools.lru_cache(maxsize=None)
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for top in ("services", "clients") for p in sorted((ROOT / top).rglob("*.py"))}
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of services/ and clients/ under `root` (a checkout; this one by default)."""
+    return {module_name(p, root): p for top in ("services", "clients") for p in sorted((root / top).rglob("*.py"))}
 
 
 def _ancestors(name: str) -> list[str]:
@@ -64,10 +65,9 @@ def _base(node: ast.ImportFrom, name: str, path: Path) -> str:
     return ".".join(package + ([node.module] if node.module else []))
 
 
-def _imported(node: ast.AST, name: str, path: Path) -> list[str]:
-    """Project modules one import statement runs: the named modules (a `from P import m` of a
-    submodule names P.m) and their packages, except the importer's own packages (already running)."""
-    known = modules()
+def _imported(node: ast.AST, name: str, path: Path, known: dict[str, Path]) -> list[str]:
+    """Project modules (of `known`) one import statement runs: the named modules (a `from P import m`
+    of a submodule names P.m) and their packages, except the importer's own packages (already running)."""
     if isinstance(node, ast.Import):
         named = [a.name for a in node.names]
     else:
@@ -83,34 +83,36 @@ def _imported(node: ast.AST, name: str, path: Path) -> list[str]:
     return sorted(out)
 
 
-def imports(name: str) -> list[tuple[str, bool]]:
+def imports(name: str, root: Path = ROOT) -> list[tuple[str, bool]]:
     """(imported project module, function-local?) for every import statement in the module."""
-    path = modules()[name]
+    known = modules(root)
+    path = known[name]
     found = []
 
     def walk(node: ast.AST, local: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                found.extend((t, local) for t in _imported(child, name, path))
+                found.extend((t, local) for t in _imported(child, name, path, known))
             walk(child, local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
     walk(ast.parse(path.read_text(encoding="utf-8")), False)
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    return {name: {t for t, _ in imports(name)} for name in modules()}
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    return {name: {t for t, _ in imports(name, root)} for name in modules(root)}
 
 
-def function_local_imports() -> dict[str, int]:
+def function_local_imports(root: Path = ROOT) -> dict[str, int]:
     """Function-local import statements of project modules, per module (docs/architecture.md)."""
     counts = {}
-    for name, path in modules().items():
+    known = modules(root)
+    for name, path in known.items():
         n = 0
         for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n += sum(1 for s in ast.walk(fn) if isinstance(s, (ast.Import, ast.ImportFrom))
-                         and _imported(s, name, path))
+                         and _imported(s, name, path, known))
         if n:
             counts[name] = n
     return counts

@@ -9,7 +9,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FILE_LINES, FUNCTION_LINES = 600, 60
-PRODUCT = [p for top in ("services", "clients") for p in sorted((ROOT / top).rglob("*.py"))]
+
+
+def product(root: Path = ROOT) -> list[Path]:
+    """The product files of a checkout (`root`, this one by default): services/ and clients/."""
+    return [p for top in ("services", "clients") for p in sorted((root / top).rglob("*.py"))]
+
 
 LONG_FILES = {
     "services/store/redis.py",
@@ -23,19 +28,27 @@ LONG_FUNCTIONS = {
 }
 
 
-def long_files() -> set[str]:
-    return {str(p.relative_to(ROOT)) for p in PRODUCT if len(p.read_text(encoding="utf-8").splitlines()) > FILE_LINES}
+def file_lines(root: Path = ROOT) -> dict[str, int]:
+    """Lines of every product file, by path relative to `root`."""
+    return {str(p.relative_to(root)): len(p.read_text(encoding="utf-8").splitlines()) for p in product(root)}
 
 
-def long_functions() -> dict[str, int]:
-    out = {}
-    for p in PRODUCT:
+def function_lines(root: Path = ROOT) -> list[tuple[str, int]]:
+    """(path:name, lines from def to its last line) of every function of the product files."""
+    out = []
+    for p in product(root):
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                n = node.end_lineno - node.lineno + 1
-                if n > FUNCTION_LINES:
-                    out[f"{p.relative_to(ROOT)}:{node.name}"] = n
+                out.append((f"{p.relative_to(root)}:{node.name}", node.end_lineno - node.lineno + 1))
     return out
+
+
+def long_files(root: Path = ROOT) -> set[str]:
+    return {name for name, n in file_lines(root).items() if n > FILE_LINES}
+
+
+def long_functions(root: Path = ROOT) -> dict[str, int]:
+    return {name: n for name, n in function_lines(root) if n > FUNCTION_LINES}
 
 
 def test_files_are_at_most_600_lines_unless_listed():

@@ -1,19 +1,23 @@
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from experiments.run import AZURE_CONVERSATION as AZURE
+from experiments.run import MOONCAKE_CONVERSATION as CONVERSATION
+from experiments.run import MOONCAKE_SYNTHETIC as SYNTHETIC
+from experiments.run import data_path
 from services.core.request import BLOCK_TOKENS
 from services.core.traces import ideal_hit_rate
 from services.sim.tracefiles import load_azure, load_mooncake
 
-# the shared data folder: $CACHEROUTE_DATA, else `shared/data` beside the repository checkout (as in CI)
-DATA = os.environ.get("CACHEROUTE_DATA") or str(Path(__file__).resolve().parents[3] / "shared" / "data")
-CONVERSATION = f"{DATA}/mooncake/conversation_trace.first_half.jsonl"
-SYNTHETIC = f"{DATA}/mooncake/synthetic_trace.jsonl"
-AZURE = f"{DATA}/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
+
+def real(path: str) -> str:
+    """A real trace under $CACHEROUTE_DATA (experiments.run's names); unset, the test fails in one line."""
+    try:
+        return data_path(path)
+    except SystemExit as e:
+        pytest.fail(str(e), pytrace=False)
 
 
 def write_jsonl(tmp_path, records, name="t.jsonl"):
@@ -148,17 +152,17 @@ def test_ideal_hit_rate_counts_only_repeated_prefixes(tmp_path):
 
 
 def test_real_traces_smoke():
-    conv = load_mooncake(CONVERSATION)
+    conv = load_mooncake(real(CONVERSATION))
     assert len(conv.requests) == 5606
     assert conv.duration == pytest.approx(1767, rel=0.01)
     # README: ideal infinite-cache token hit rate ~37% (full trace); first half ~35%
     assert 0.30 < ideal_hit_rate(conv.requests) < 0.40
     keys = {r.key for r in conv.requests}
     assert all(k.startswith("0-") for k in keys)                    # block 0 is the system prompt
-    synthetic = load_mooncake(SYNTHETIC, qps=10.0)
+    synthetic = load_mooncake(real(SYNTHETIC), qps=10.0)
     assert len(synthetic.requests) == 3993 and synthetic.qps == pytest.approx(10.0, rel=0.01)
     assert 0.60 < ideal_hit_rate(synthetic.requests) < 0.70         # README: ~65%
-    azure = load_azure(AZURE)
+    azure = load_azure(real(AZURE))
     assert len(azure.requests) == 19_366
     assert azure.requests[-1].arrival == pytest.approx(3500, rel=0.05)
 
@@ -193,7 +197,7 @@ def test_real_azure_arrivals_replayed_keep_their_gap_cv():
     from services.core.traces import azure_arrivals
     from services.core.traces import replay_arrivals
 
-    with open(AZURE, encoding="utf-8", newline="") as f:
+    with open(real(AZURE), encoding="utf-8", newline="") as f:
         stamps = azure_arrivals(f, AZURE)
     gaps = np.diff(stamps)
     times = replay_arrivals(stamps, qps=250.0, duration=150.0)                 # looped: 37,500 of 19,366
