@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
+
+import numpy as np
 
 from services.core.table import ColumnarRates, ColumnarTable
 
@@ -45,6 +47,24 @@ class ShadowReport:
     active_keys: int = 0
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class TableLayout:
+    """Where a plan's rows sit, recorded by the builder that made them (services.core.replan),
+    so that the next steps need no pass over the keys by dict: the table in columns, the
+    window the plan was built from (`window`, the snapshot's key sequence) and each row's
+    position in it, and the parent plan's keys' positions in that window. A plan carries it
+    only for the table it was recorded with (`Plan.layout_of`: by identity), so a plan whose
+    table was replaced never uses a stale one. Never stored or sent."""
+
+    table: Mapping                     # the Plan.table object this describes
+    window: Sequence[str]              # the window's keys; row i is window[positions[i]]
+    positions: np.ndarray              # int64, per row
+    one: np.ndarray                    # int64, per row: the replica of a one-replica row, -2 for several
+    multi: Mapping[int, tuple[int, ...]]   # row -> its replicas (ascending), rows of several
+    parent: Mapping | None = None      # the parent plan's table object, as `parent_positions` saw it
+    parent_positions: np.ndarray | None = None   # int64 per parent row (its table order): window position, -1 outside
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     version: int
@@ -69,6 +89,13 @@ class Plan:
     extra: Mapping[str, object] = field(default_factory=dict)  # free-form figures (JSON-safe)
     # admitted prefix nodes (services.core.prefixes): node id (16 hex digits) -> PrefixEntry
     prefixes: Mapping[str, object] = field(default_factory=dict)
+    # the builder's record of the table in columns (TableLayout): a speed-up, never compared,
+    # stored or sent; only valid for the table object it names (`layout_of`)
+    layout: TableLayout | None = field(default=None, compare=False, repr=False)
+
+    def layout_of(self) -> TableLayout | None:
+        lay = self.layout
+        return lay if lay is not None and lay.table is self.table else None
 
     def __post_init__(self) -> None:
         # freeze the mappings so a stored plan cannot be edited in place (a columnar table and

@@ -43,7 +43,8 @@ import heapq
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Sequence
+from itertools import chain
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -55,8 +56,9 @@ from services.core.plan import Plan
 
 
 def check_inputs(keys: Sequence[str], rates: np.ndarray, replica_ids: Sequence[str], q_cap: float,
-                 warm_slots: int) -> None:
-    """Raise ValueError (one line) for inputs the planner cannot use."""
+                 warm_slots: int, *, index: bool = False) -> dict[str, int] | None:
+    """Raise ValueError (one line) for inputs the planner cannot use. `index`: return
+    key -> position, the dict that checks the keys are distinct (the same pass as a set)."""
     if len(replica_ids) < 1:
         raise ValueError("need at least one replica (R >= 1)")
     if len(set(replica_ids)) != len(replica_ids):
@@ -72,11 +74,12 @@ def check_inputs(keys: Sequence[str], rates: np.ndarray, replica_ids: Sequence[s
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"rate of key {keys[i]!r} must be finite and >= 0, got {rates[i]!r}")
-    unique = set(keys)
+    unique = dict(zip(keys, range(len(keys)))) if index else set(keys)
     if len(unique) != len(keys):
         raise ValueError(f"duplicate key {_first_duplicate(keys)!r}")
     if "" in unique:
         raise ValueError("empty key")
+    return unique if index else None
 
 
 def _is_real(x: object) -> bool:
@@ -207,6 +210,49 @@ def imbalance(loads: Sequence[float]) -> float:
     if total <= 0:
         return 1.0
     return max(loads) * len(loads) / total
+
+
+@dataclass(frozen=True, slots=True)
+class RowColumns:
+    """A plan's rows in table order as columns: each row's length, the replica of one-replica
+    rows (-1 elsewhere), and the other rows (empty or of several) by position. From the
+    builder's record (`Plan.layout_of`) when the plan has one, else one pass over the rows."""
+
+    lens: np.ndarray                       # int64
+    one: np.ndarray                        # int64
+    multi: Mapping[int, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, plan: Plan) -> "RowColumns":
+        lay = plan.layout_of()
+        if lay is not None:
+            lens, one = np.ones(len(lay.one), dtype=np.int64), lay.one.copy()
+            for p, row in lay.multi.items():
+                lens[p] = len(row)
+                one[p] = -1
+            return cls(lens, one, lay.multi)
+        rows = list(plan.table.values())
+        n = len(rows)
+        lens = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+        flat = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=int(lens.sum()))
+        one = np.full(n, -1, dtype=np.int64)
+        single = lens == 1
+        one[single] = flat[(np.cumsum(lens) - lens)[single]]
+        return cls(lens, one, {p: tuple(rows[p]) for p in np.flatnonzero(~single).tolist()})
+
+    def row(self, p: int) -> tuple[int, ...]:
+        r = int(self.one[p])
+        return (r,) if r >= 0 else self.multi[p]
+
+    def flat(self) -> np.ndarray:
+        """Every row's replicas back to back, in table order."""
+        starts = np.cumsum(self.lens) - self.lens
+        out = np.empty(int(self.lens.sum()), dtype=np.int64)
+        single = self.one >= 0
+        out[starts[single]] = self.one[single]
+        for p, row in self.multi.items():
+            out[starts[p]:starts[p] + len(row)] = row
+        return out
 
 
 # ---------------------------------------------------------------------------------------------

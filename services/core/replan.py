@@ -33,6 +33,10 @@ np.add.at in the per-key loop's order (so every float is the loop's), the fill f
 (load, replica) with stale entries skipped, each rebalancing move ranked over the top
 replica's keys in arrays, churn from the columns. Results equal the per-key version
 (tests/reference/replan_v1.py) key for key and bit for bit (tests/unit/test_replan_equivalence.py).
+The keys are checked distinct by a key -> position dict over the window (the pass a set would
+cost), the active plan's keys are found in it (the interval's one lookup pass), its rows are
+taken by position, and the plan records where its rows and its parent's keys sit in the window
+(`Plan.layout`), which the switching rule aligns by.
 
 `build_at_home` (builder "home"): a first plan for a cluster whose cold tail has been serving
 the traffic: `replan_incremental` from an empty plan, so every key starts on its home when
@@ -51,12 +55,14 @@ import heapq
 import math
 from dataclasses import dataclass, replace
 from itertools import chain, repeat
+from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from services.core.plan import Plan
-from services.core.planning import admit, check_inputs, exact_sum, imbalance, place_lpt, size_keys, with_churn
+from services.core.plan import Plan, TableLayout
+from services.core.planning import (RowColumns, admit, check_inputs, exact_sum, imbalance, place_lpt, size_keys,
+                                    with_churn)
 from services.core.ring import Ring
 
 DEFAULT_TOLERANCE = 0.05
@@ -80,9 +86,10 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     if not math.isfinite(home_rho) or home_rho < 0:
         raise ValueError(f"home_rho must be a finite number >= 0, got {home_rho!r}")
+    window = keys
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
-    check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots)
+    index = check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots, index=True)
     R = len(replica_ids)
     sizes = size_keys(rate_arr, q_cap, R)
     chosen = admit(keys, rate_arr, sizes, R * int(warm_slots))
@@ -94,7 +101,9 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     scratch_imbalance = imbalance(place_lpt(lam.tolist(), k.tolist(), R, cold_load, rows=False)[1])
     order = [keys[i] for i in chosen.tolist()]
 
-    anchors = _anchor_rows(active, replica_ids, order)
+    # the active plan's keys by position in this window: the one pass by dict of the interval
+    a_pos = np.fromiter(map(index.get, active.table, repeat(-1)), dtype=np.int64, count=len(active.table))
+    anchors = _anchor_at(active, replica_ids, a_pos, chosen, len(keys))
     admitted = exact_sum(lam)
     home_floor = home_rho * float(q_cap) if homes is not None else 0.0
     tolerance = max(tolerance, noise_tolerance(cold_load + admitted / R, window_seconds))
@@ -105,17 +114,29 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
                        max_moves if max_moves is not None else 4 * len(order) + R)
 
     total = float(rate_arr.sum())
+    table = MappingProxyType(dict(zip(order, rows.tuples())))
     plan = Plan(
         version=version, parent_version=active.version, created_at=created_at,
         replica_ids=tuple(replica_ids), q_cap=float(q_cap), warm_slots=int(warm_slots),
-        table=dict(zip(order, rows.tuples())), rates=dict(zip(order, lam.tolist())), expected_load=tuple(loads),
+        table=table, rates=dict(zip(order, lam.tolist())), expected_load=tuple(loads),
         predicted_imbalance=imbalance(loads), total_keys=len(keys), admitted_keys=len(order),
         admitted_rate_share=admitted / total if total > 0 else 0.0,
         builder="incremental", rates_snapshot_id=rates_snapshot_id, window_seconds=float(window_seconds),
         extra={"scratch_imbalance": scratch_imbalance, "tolerance": tolerance, "moves": moves},
         churn=_churn(anchors, rows, lam, admitted),
+        layout=_layout(table, window, chosen, rows, active.table, a_pos),
     )
     return plan
+
+
+def _layout(table, window, chosen: np.ndarray, rows: "_Rows", parent, a_pos: np.ndarray) -> TableLayout | None:
+    """The builder's record of `table` (services.core.plan.TableLayout); None with an empty row."""
+    if (rows.one == -1).any():
+        return None
+    arrays = (chosen.astype(np.int64), rows.one.copy(), a_pos)
+    for a in arrays:
+        a.flags.writeable = False
+    return TableLayout(table, window, arrays[0], arrays[1], dict(rows.multi), parent, arrays[2])
 
 
 def served_homes(served_at: Mapping[str, int], fallback: Callable[[str], int]) -> Callable[[str], int]:
@@ -176,7 +197,7 @@ def repair_plan(active: Plan, dead_replica_ids: Sequence[str], *, version: int, 
         replica_ids=tuple(survivors), table=dict(zip(order, rows.tuples())),
         rates={key: lam[key] for key in order}, expected_load=tuple(loads), predicted_imbalance=imbalance(loads),
         admitted_keys=len(order), admitted_rate_share=math.fsum(lam[key] for key in order) / total if total > 0 else 0.0,
-        builder="repair", decision=None, shadow=None, extra={"dead_replicas": sorted(dead)},
+        builder="repair", decision=None, shadow=None, extra={"dead_replicas": sorted(dead)}, layout=None,
     )
     return with_churn(plan, active)
 
@@ -279,6 +300,34 @@ def _anchor_rows(active: Plan, replica_ids: Sequence[str], keys: Sequence[str]) 
         rows.set(p, kept)
         lost[p] = len(kept) < len(row)
     return _Anchors(rows, has, lost)
+
+
+def _anchor_at(active: Plan, replica_ids: Sequence[str], a_pos: np.ndarray, chosen: np.ndarray,
+               n_window: int) -> _Anchors:
+    """`_anchor_rows` for the admitted keys `chosen` (window positions), the active plan's rows
+    found by window position (`a_pos`: per active row, -1 outside the window) in columns
+    (RowColumns) rather than by key: the same anchors."""
+    index = {rid: i for i, rid in enumerate(replica_ids)}
+    remap = np.array([index.get(rid, -1) for rid in active.replica_ids] + [-1], dtype=np.int64)
+    cols = RowColumns.of(active)
+    at = np.full(n_window + 1, -1, dtype=np.int64)
+    inside = np.flatnonzero(a_pos >= 0)
+    at[a_pos[inside]] = inside
+    where = at[chosen]                                   # per admitted key: its active row, or -1
+    found = where >= 0
+    lens = np.zeros(len(chosen), dtype=np.int64)
+    lens[found] = cols.lens[where[found]]
+    single = lens == 1
+    one = np.full(len(chosen), -1, dtype=np.int64)
+    one[single] = remap[cols.one[where[single]]]
+    lost = single & (one < 0)
+    rows = _Rows(one, {})
+    for p in np.flatnonzero(lens > 1).tolist():
+        row = cols.multi[int(where[p])]
+        kept = tuple(sorted(int(remap[i]) for i in row if remap[i] >= 0))
+        rows.set(p, kept)
+        lost[p] = len(kept) < len(row)
+    return _Anchors(rows, lens > 0, lost)
 
 
 def _churn(anchors: _Anchors, rows: _Rows, lam: np.ndarray, admitted: float) -> float:

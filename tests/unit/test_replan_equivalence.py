@@ -202,3 +202,72 @@ def test_the_rule_on_window_columns_matches_the_reference(case):
     empty = switching.WindowColumns([], np.zeros(0), np.zeros(0))
     assert switching.decide_switch_window(active, candidates[1], empty, now=1000.0, last_switch_at=0.0) == \
         switching_v1.decide_switch(active, candidates[1], {}, {}, now=1000.0, last_switch_at=0.0, config=old_cfg)
+
+
+def _window_inputs(keys, rates, tokens, ids, q_cap, warm):
+    from services.planner.candidate import BuildInputs
+    keys = tuple(keys)
+    return BuildInputs(keys, rates, dict(zip(keys, tokens.tolist())), tuple(ids), q_cap, warm,
+                       window=switching.WindowColumns(keys, rates, tokens))
+
+
+def _same_columns(a, b):
+    assert a.lens.tolist() == b.lens.tolist() and a.one.tolist() == b.one.tolist()
+    assert dict(a.multi) == {p: tuple(r) for p, r in b.multi.items()}
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_recorded_positions_decide_what_lookups_decide(case, seed):
+    """The loop's path: a churn-aware candidate records where its rows and its parent's keys sit
+    in the window (Plan.layout), and the rule aligns the two tables by those positions instead
+    of a dict over the window. Same verdict and figures as the per-key reference and as the
+    same candidate without its record (the lookup path), over two intervals (the second's
+    active plan carries its own record), k_b > 1 rows, dropped and changed replicas, homes."""
+    from services.core.planning import RowColumns
+    from services.planner.candidate import build_candidate, decide
+    n, ids, q_cap, warm, tol, max_moves, use_homes = CASES[case]
+    keys, rates, rng = workload(n, seed)
+    active = build_plan(keys, rates, IDS, q_cap, warm, version=1)
+    old_cfg = switching_v1.SwitchConfig()
+    for step in range(2):
+        keys, rates = drift(keys, rates, rng, tag=f"s{step}")
+        tokens = rng.integers(0, 4000, len(keys)).astype(np.float64)
+        inputs = _window_inputs(keys, rates, tokens, ids, q_cap, warm)
+        cand = build_candidate(inputs, active, version=step + 2, created_at=1.0, incremental=True, max_moves=max_moves)
+        lay = cand.layout_of()
+        assert lay is not None and lay.window is inputs.keys and lay.parent is active.table
+        table_keys = list(cand.table)
+        assert [inputs.keys[i] for i in lay.positions.tolist()] == table_keys
+        where = {k: i for i, k in enumerate(inputs.keys)}
+        assert lay.parent_positions.tolist() == [where.get(k, -1) for k in active.table]
+        _same_columns(RowColumns.of(cand), RowColumns.of(dataclasses.replace(cand, layout=None)))
+        rate_map, token_map = dict(zip(inputs.keys, rates.tolist())), dict(zip(inputs.keys, tokens.tolist()))
+        for now, last in ((1000.0, 0.0), (1000.0, 990.0)):
+            got = decide(active, cand, inputs, now=now, last_switch_at=last, config=None)
+            plain = decide(active, dataclasses.replace(cand, layout=None), inputs, now=now, last_switch_at=last,
+                           config=None)
+            want = switching_v1.decide_switch(active, cand, rate_map, token_map, now=now, last_switch_at=last,
+                                              config=old_cfg)
+            assert got == plain == want
+        active = cand
+
+
+def test_a_record_for_another_table_or_window_is_not_used():
+    """A plan whose table was replaced (dataclasses.replace) drops its record; a window other than
+    the one the candidate was built from (an equal copy) takes the lookup path: same verdict."""
+    keys, rates, rng = workload(2000, 3)
+    active = replan.replan_incremental(build_plan(keys, rates, IDS, 0.7, 80), keys, rates, IDS, 0.7, 80, version=2)
+    keys2, rates2 = drift(keys, rates, rng)
+    cand = replan.replan_incremental(active, tuple(keys2), rates2, IDS, 0.7, 80, version=3)
+    assert cand.layout_of() is not None and active.layout_of() is not None
+    assert dataclasses.replace(cand, table=dict(cand.table)).layout_of() is None
+    assert dataclasses.replace(cand, decision=None).layout_of() is cand.layout       # same table: kept
+    tokens = rng.integers(0, 4000, len(keys2)).astype(np.float64)
+    for window_keys in (tuple(keys2), list(keys2)):       # equal, not the same object
+        window = switching.WindowColumns(window_keys, rates2, tokens)
+        got = switching.decide_switch_window(active, cand, window, now=1000.0, last_switch_at=0.0)
+        want = switching_v1.decide_switch(active, cand, dict(zip(keys2, rates2.tolist())),
+                                          dict(zip(keys2, tokens.tolist())), now=1000.0, last_switch_at=0.0,
+                                          config=switching_v1.SwitchConfig())
+        assert got == want
