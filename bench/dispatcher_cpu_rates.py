@@ -135,6 +135,63 @@ def fit(samples: list[tuple[float, float]]) -> dict:
             "n": len(x), "implied_ms_req": {r: marginal + fixed / r for r in (16, 24)}}
 
 
+class Sweep:
+    """The dispatchers under measurement and their samples: (rate, CPU ms/s) per tree, the
+    driven blocks, and this tree's CPU by thread per block."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen], urls: dict[str, str]) -> None:
+        self.procs, self.urls = procs, urls
+        self.samples: dict[str, list[tuple[float, float]]] = {n: [] for n in procs}
+        self.blocks: list[dict] = []
+        self.threads: dict[str, dict[str, float]] = {}
+
+    async def measure(self, label: str, driven: str | None, work) -> None:
+        """CPU of every dispatcher over `await work()` (None: its answered count is 0)."""
+        procs = self.procs
+        c0 = {n: cpu_seconds(p.pid) for n, p in procs.items()}
+        th0 = thread_cpu(procs["after"].pid)
+        t0 = time.monotonic()
+        ok, errors = await work()
+        wall = time.monotonic() - t0
+        if driven in (None, "after"):
+            self.threads[label] = thread_delta(th0, thread_cpu(procs["after"].pid), wall)
+        for n, p in procs.items():
+            ms_s = (cpu_seconds(p.pid) - c0[n]) / wall * 1e3
+            self.samples[n].append((ok / wall if n == driven else 0.0, ms_s))
+            if n == driven:
+                self.blocks.append({"tree": n, "offered": float(label.split()[0]), "achieved": ok / wall,
+                                    "errors": errors, "cpu_ms_s": ms_s, "ms_req": ms_s / (ok / wall) if ok else None})
+
+    async def idle(self, seconds: float) -> None:
+        async def work():
+            await asyncio.sleep(seconds)
+            return 0, 0
+        await self.measure("idle", None, work)
+
+    async def block(self, name: str, rate: float, sched: list) -> None:
+        async def work():
+            outcomes = await replay(self.urls[name] + "/v1/chat/completions", sched, timeout=BOUND.timeout)
+            ok = sum(1 for o in outcomes if o.ok)
+            if ok < len(outcomes):
+                bad = next(o for o in outcomes if not o.ok)
+                print(f"{name} at {rate:g} req/s: {len(outcomes) - ok} failed, e.g. {bad.status} {bad.error[:200]}",
+                      file=sys.stderr)
+            return ok, len(outcomes) - ok
+        await self.measure(f"{rate:g} req/s", name, work)
+
+
+def profiler(args, pid: int, kind: str) -> subprocess.Popen | None:
+    """`--spy` (py-spy, idle and loaded) or `--perf` (perf, loaded blocks) on this tree's dispatcher."""
+    if kind == "spy" and args.spy:
+        cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-r", "200", "-f", "raw",
+               "-o", args.spy, "--threads", *(["--native"] if args.native else ["--gil"])]
+    elif kind == "perf" and args.perf:
+        cmd = ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", args.perf]
+    else:
+        return None
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 async def run(args) -> dict:
     peers_env()
     log_dir = Path(tempfile.mkdtemp(prefix="dcpu-rates-"))
@@ -143,10 +200,7 @@ async def run(args) -> dict:
     before_env = dict(kv.split("=", 1) for kv in args.before_env)
     trees["after"] = ROOT
     procs: dict[str, subprocess.Popen] = {}
-    samples: dict[str, list[tuple[float, float]]] = {n: [] for n in trees}
-    blocks = []
-    plane = spy = perf = None
-    threads: dict[str, dict[str, float]] = {}
+    plane, tools = None, []
     try:
         model = await engines.model_id()
         cfg = StackConfig(engines=len(engines.urls), dispatchers=1, engine_kind="vllm", engine_urls=tuple(engines.urls),
@@ -154,53 +208,23 @@ async def run(args) -> dict:
         plane = await asyncio.to_thread(lambda: ControlPlane(cfg).start())
         urls = {}
         for i, (name, tree) in enumerate(trees.items(), 1):
-            prof = args.profile if name == "after" else None
-            procs[name], urls[name] = await asyncio.to_thread(plane.dispatcher, i, tree, prof,
-                                                              before_env if name == "before" else None)
+            procs[name], urls[name] = await asyncio.to_thread(
+                plane.dispatcher, i, tree, args.profile if name == "after" else None,
+                before_env if name == "before" else None)
         for name in trees:   # warm: connections, key memo, the first plan
             await replay(urls[name] + "/v1/chat/completions", schedule(8.0, 3.0, args.seed + 99, model))
-        spy = (subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(procs["after"].pid),
-                                 "-r", "200", "-f", "raw", "-o", args.spy, "--threads", *(["--native"] if args.native else ["--gil"])],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if args.spy else None)
-        c0 = {n: cpu_seconds(p.pid) for n, p in procs.items()}
-        th0 = thread_cpu(procs["after"].pid)
-        t0 = time.monotonic()
-        await asyncio.sleep(args.idle)
-        wall = time.monotonic() - t0
-        threads["idle"] = thread_delta(th0, thread_cpu(procs["after"].pid), wall)
-        for n, p in procs.items():
-            samples[n].append((0.0, (cpu_seconds(p.pid) - c0[n]) / wall * 1e3))
-        if args.perf:       # loaded blocks only
-            perf = subprocess.Popen(["perf", "record", "-F", "499", "-g", "-p", str(procs["after"].pid), "-o", args.perf],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sweep = Sweep(procs, urls)
+        tools.append(profiler(args, procs["after"].pid, "spy"))
+        await sweep.idle(args.idle)
+        tools.append(profiler(args, procs["after"].pid, "perf"))
         k = 0
         for rep in range(args.repeats):
             for rate in args.rates:
-                order = list(trees) if k % 2 == 0 else list(trees)[::-1]
-                for name in order:
+                for name in (list(trees) if k % 2 == 0 else list(trees)[::-1]):   # alternating AB, BA
                     k += 1
-                    sched = schedule(rate, args.seconds, args.seed + rep, model)
-                    c0 = {n: cpu_seconds(p.pid) for n, p in procs.items()}
-                    th0 = thread_cpu(procs["after"].pid)
-                    t0 = time.monotonic()
-                    outcomes = await replay(urls[name] + "/v1/chat/completions", sched, timeout=BOUND.timeout)
-                    wall = time.monotonic() - t0
-                    if name == "after":
-                        threads[f"{rate:g} req/s"] = thread_delta(th0, thread_cpu(procs["after"].pid), wall)
-                    ok = sum(1 for o in outcomes if o.ok)
-                    if ok < len(outcomes):
-                        bad = next(o for o in outcomes if not o.ok)
-                        print(f"{name} at {rate:g} req/s: {len(outcomes) - ok} failed, e.g. {bad.status} {bad.error[:200]}",
-                              file=sys.stderr)
-                    for n, p in procs.items():
-                        ms_s = (cpu_seconds(p.pid) - c0[n]) / wall * 1e3
-                        driven = n == name
-                        samples[n].append((ok / wall if driven else 0.0, ms_s))
-                        if driven:
-                            blocks.append({"tree": n, "offered": rate, "achieved": ok / wall, "errors": len(outcomes) - ok,
-                                           "cpu_ms_s": ms_s, "ms_req": ms_s / (ok / wall) if ok else None})
+                    await sweep.block(name, rate, schedule(rate, args.seconds, args.seed + rep, model))
     finally:
-        for tool in (spy, perf):
+        for tool in tools:
             if tool is not None:
                 tool.send_signal(signal.SIGINT)
                 tool.wait(30)
@@ -214,9 +238,9 @@ async def run(args) -> dict:
         if plane is not None:
             plane.stop()
         engines.stop()
-    return {"loadavg": os.getloadavg(), "trees": {n: str(t) for n, t in trees.items()}, "blocks": blocks,
-            "samples": samples, "fits": {n: fit(s) for n, s in samples.items()}, "seconds": args.seconds,
-            "threads": threads}
+    return {"loadavg": os.getloadavg(), "trees": {n: str(t) for n, t in trees.items()}, "blocks": sweep.blocks,
+            "samples": sweep.samples, "fits": {n: fit(s) for n, s in sweep.samples.items()}, "seconds": args.seconds,
+            "threads": sweep.threads}
 
 
 def table(doc: dict) -> str:
