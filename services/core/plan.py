@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from services.core.table import ColumnarRates, ColumnarTable
+from services.core.table import ArrayRates, ColumnarRates, ColumnarTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +99,10 @@ class Plan:
 
     def __post_init__(self) -> None:
         # freeze the mappings so a stored plan cannot be edited in place (a columnar table and
-        # its rates, services.core.table, are read-only already)
+        # its rates, and a builder's ArrayRates, services.core.table, are read-only already)
         if not isinstance(self.table, (MappingProxyType, ColumnarTable)):
             object.__setattr__(self, "table", MappingProxyType(dict(self.table)))
-        if not isinstance(self.rates, (MappingProxyType, ColumnarRates)):
+        if not isinstance(self.rates, (MappingProxyType, ColumnarRates, ArrayRates)):
             object.__setattr__(self, "rates", MappingProxyType(dict(self.rates)))
         if not isinstance(self.extra, MappingProxyType):
             object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))

@@ -64,6 +64,7 @@ from services.core.plan import Plan, TableLayout
 from services.core.planning import (RowColumns, admit, check_inputs, exact_sum, imbalance, place_lpt, size_keys,
                                     with_churn)
 from services.core.ring import Ring
+from services.core.table import ArrayRates
 
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_HOME_RHO = 0.5
@@ -118,7 +119,7 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     plan = Plan(
         version=version, parent_version=active.version, created_at=created_at,
         replica_ids=tuple(replica_ids), q_cap=float(q_cap), warm_slots=int(warm_slots),
-        table=table, rates=dict(zip(order, lam.tolist())), expected_load=tuple(loads),
+        table=table, rates=ArrayRates(table, lam), expected_load=tuple(loads),
         predicted_imbalance=imbalance(loads), total_keys=len(keys), admitted_keys=len(order),
         admitted_rate_share=admitted / total if total > 0 else 0.0,
         builder="incremental", rates_snapshot_id=rates_snapshot_id, window_seconds=float(window_seconds),

@@ -414,3 +414,51 @@ class _RateItems(ItemsView):
 class _RateValues(ValuesView):
     def __iter__(self):
         return iter(self._mapping.values_.tolist())
+
+
+class ArrayRates(Mapping):
+    """key -> rate as one float64 array in the order of `table` (a plan's dict table, iterated in
+    that order): what a builder hands its plan instead of a second dict of a million floats
+    (~0.5 CPU s to build), since the planner reads a new plan's rates in order (the write step:
+    the array itself). A lookup by key builds that dict once, on first use."""
+
+    __slots__ = ("table", "values_", "_map")
+
+    def __init__(self, table: Mapping[str, tuple[int, ...]], rates: np.ndarray) -> None:
+        if rates.size != len(table):
+            raise ValueError(f"plan rates: {len(table)} keys but {rates.size} rates")
+        self.table = table
+        self.values_ = np.ascontiguousarray(rates, dtype=np.float64)
+        self.values_.flags.writeable = False
+        self._map: dict[str, float] | None = None
+
+    def _dict(self) -> dict[str, float]:
+        if self._map is None:
+            self._map = dict(zip(self.table, self.values_.tolist()))
+        return self._map
+
+    def get(self, key, default=None):
+        return self._dict().get(key, default)
+
+    def __getitem__(self, key) -> float:
+        return self._dict()[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self.table
+
+    def __len__(self) -> int:
+        return len(self.values_)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.table)
+
+    def items(self) -> ItemsView:
+        return _RateItems(self)
+
+    def values(self) -> ValuesView:
+        return _RateValues(self)
+
+    __hash__ = None      # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ArrayRates({len(self.values_)} keys)"

@@ -124,17 +124,21 @@ def snapshot_columns(first: int, last: int, start: float, now: float, keys: list
     n = acc[:, 0]
     live = np.flatnonzero(n > 0)
     live_keys = keys if len(live) == len(keys) else [keys[i] for i in live.tolist()]
-    plain = b"".join(live_keys).find(b"\0") < 0
-    if acc.dtype != object and plain and rank is not None:
-        order = live[np.lexsort((rank[live], -n[live]))]
-    elif acc.dtype != object and plain:
-        order = live[np.lexsort((np.array(live_keys, dtype=bytes), -n[live]))] if live_keys else live
-    else:   # counts past int64, or keys numpy's fixed-width bytes would truncate: plain Python
-        order = np.array(sorted(live.tolist(), key=lambda i: (-int(n[i]), keys[i])), dtype=np.int64)
+    if acc.dtype != object and rank is not None:
+        order = _by_count_then_rank(live, n[live], rank[live])
+        plain = None                      # known from the ranked keys' join below (no second join)
+    else:
+        plain = b"".join(live_keys).find(b"\0") < 0
+        if acc.dtype != object and plain:
+            order = live[np.lexsort((np.array(live_keys, dtype=bytes), -n[live]))] if live_keys else live
+        else:   # counts past int64, or keys numpy's fixed-width bytes would truncate: plain Python
+            order = np.array(sorted(live.tolist(), key=lambda i: (-int(n[i]), keys[i])), dtype=np.int64)
     ranked = np.array(keys, dtype=object)[order].tolist() if len(order) else []   # a gather, not a loop
     counts = n[order]
     digest = hashlib.blake2b(digest_size=6)
     joined = b"\0".join(ranked)
+    if plain is None:
+        plain = joined.count(b"\0") == max(len(ranked) - 1, 0)
     digest.update(joined)
     digest.update(b"\1")
     digest.update(counts.tobytes() if counts.dtype != object else ",".join(map(str, counts.tolist())).encode())
@@ -150,6 +154,17 @@ def snapshot_columns(first: int, last: int, start: float, now: float, keys: list
         mean_prompt_tokens=tuple((rows[:, 1].astype(np.float64) / nf).tolist()),
         mean_prefix_tokens=tuple((rows[:, 2].astype(np.float64) / nf).tolist()),
     )
+
+
+def _by_count_then_rank(live: np.ndarray, n: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """`live` ordered by count desc, then rank asc (ranks distinct): one int64 sort key when it
+    fits, else np.lexsort (the same order; one sort instead of lexsort's two passes)."""
+    if not len(live):
+        return live
+    top, width = int(n.max()), int(rank.max()) + 1
+    if int(n.min()) < 0 or (top + 1) * width >= 2**62:
+        return live[np.lexsort((rank, -n))]
+    return live[np.argsort((top - n) * width + rank)]
 
 
 CACHE_COUNTER_LIMIT = 2**62     # a lifetime cache counter stops here (Redis HINCRBY fails at 2**63)

@@ -34,7 +34,7 @@ from cacheroute.v1 import common_pb2
 from services.core.plan import Plan, ShadowReport, SwitchDecision
 from services.core.planning import RowColumns
 from services.core.prefixes import PrefixEntry, node_name, parse_node_name
-from services.core.table import MAX_REPLICAS, MAX_ROW, ColumnarRates, ColumnarTable
+from services.core.table import MAX_REPLICAS, MAX_ROW, ArrayRates, ColumnarRates, ColumnarTable
 
 FORMAT = "cacheroute.plan/1"
 HIT_RATES = ("available_hit_rate", "achieved_hit_rate")     # the only `extra` figures on the wire
@@ -470,7 +470,7 @@ def _table_columns(plan: Plan) -> Columns:
         blob, lengths = _key_blob(keys)
         cols = RowColumns.of(plan)          # the builder's record of the rows when it has one
         counts, members = cols.lens, cols.flat()
-        values = _rates_in_order(rates, keys)
+        values = rates.values_ if isinstance(rates, ArrayRates) and rates.table is table else _rates_in_order(rates, keys)
     if counts.size and int(counts.max()) > MAX_ROW:
         raise ValueError(f"a plan in columns puts a key on at most {MAX_ROW} replicas")
     return Columns(blob, lengths.astype(np.uint32, copy=False), counts.astype(np.uint8),

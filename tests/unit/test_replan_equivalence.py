@@ -21,6 +21,7 @@ def same_plan(a, b) -> None:
     assert dict(a.table) == dict(b.table)
     assert list(a.table) == list(b.table)
     assert dict(a.rates) == dict(b.rates)
+    assert list(a.rates.items()) == list(b.rates.items())      # the order the write step stores
     assert a.expected_load == b.expected_load
     assert a.predicted_imbalance == b.predicted_imbalance
     assert a.churn == b.churn
