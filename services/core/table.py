@@ -363,7 +363,31 @@ class _Items(ItemsView):
         return zip(iter(self._mapping), self._mapping._rows())
 
 
-class ColumnarRates(Mapping):
+class _ArrayRatesBase(Mapping):
+    """What the two array-backed rate mappings share: `table` (iterated in its order) and
+    `values_` (its rates, float64, in that order); subclasses say how a key is looked up."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return len(self.values_)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.table)
+
+    def items(self) -> ItemsView:
+        return _RateItems(self)
+
+    def values(self) -> ValuesView:
+        return _RateValues(self)
+
+    __hash__ = None      # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self.values_)} keys)"
+
+
+class ColumnarRates(_ArrayRatesBase):
     """key -> rate over a ColumnarTable's index: 8 bytes per key (float64, table order)."""
 
     __slots__ = ("table", "values_", "_vv")
@@ -388,23 +412,6 @@ class ColumnarRates(Mapping):
     def __contains__(self, key) -> bool:
         return self.table.find(key) >= 0
 
-    def __len__(self) -> int:
-        return len(self.table)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.table)
-
-    def items(self) -> ItemsView:
-        return _RateItems(self)
-
-    def values(self) -> ValuesView:
-        return _RateValues(self)
-
-    __hash__ = None      # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"ColumnarRates({len(self.table)} keys)"
-
 
 class _RateItems(ItemsView):
     def __iter__(self):
@@ -416,7 +423,7 @@ class _RateValues(ValuesView):
         return iter(self._mapping.values_.tolist())
 
 
-class ArrayRates(Mapping):
+class ArrayRates(_ArrayRatesBase):
     """key -> rate as one float64 array in the order of `table` (a plan's dict table, iterated in
     that order): what a builder hands its plan instead of a second dict of a million floats
     (~0.5 CPU s to build), since the planner reads a new plan's rates in order (the write step:
@@ -445,20 +452,3 @@ class ArrayRates(Mapping):
 
     def __contains__(self, key) -> bool:
         return key in self.table
-
-    def __len__(self) -> int:
-        return len(self.values_)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.table)
-
-    def items(self) -> ItemsView:
-        return _RateItems(self)
-
-    def values(self) -> ValuesView:
-        return _RateValues(self)
-
-    __hash__ = None      # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"ArrayRates({len(self.values_)} keys)"
