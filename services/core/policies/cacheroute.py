@@ -238,6 +238,30 @@ class CacheRoutePolicy:
             return pick
         return self._pick_held(request, state)
 
+    def observe(self, replica: int, request: Request, state: ClusterState | None = None, *,
+                memory: bool = True) -> None:
+        """Record that another router instance of the tier sent `request` to `replica` (the record
+        bus: dispatchers exchange what they routed, so each one's cold-home record and, with
+        `memory`, its cold-tail key memory see the whole tier's traffic, not its 1/N share).
+        The same insertion `pick` makes for its own picks; nothing is routed. A replica outside
+        this policy's slots is ignored (a peer on a plan with more replicas)."""
+        if not 0 <= replica < self.replicas:
+            return
+        if memory:
+            self._remember(request.key, replica)
+        if self.cold_home is None:
+            return
+        index = self._index
+        if index is None and state is not None:     # sized by the pools, as the first own pick does
+            index = self._lru(state, BlockLRU if request.blocks and self.cold_home != "keys" else KeyLRU)
+        if index is None:
+            return          # pool sizes not known yet: nothing to record into
+        if isinstance(index, BlockLRU):
+            if request.blocks:
+                index.insert(replica, request.blocks)
+        else:
+            index.insert(replica, request.key, request.prompt_tokens)
+
     def _pick_held(self, request: Request, state: ClusterState) -> Pick:
         if not self.hold or not state.kv_blocks:
             return self._choose(request, state)
