@@ -12,9 +12,9 @@ accounting as gRPC Generate) -> the replica's backend (services.backends), whose
 written to the client here:
 
 - HTTP kinds (vllm, sglang, llamacpp, openai): the body is forwarded unchanged and the
-  engine's status, content type and body bytes come back unchanged, streamed event by event
-  for SSE (events framed with LF, CRLF or CR blank lines, as the SSE spec allows;
-  services.backends.relay). One exception, for cache telemetry: a stream whose client did not set
+  engine's status, content type and body bytes come back unchanged, streamed for SSE as the
+  engine's chunks arrive, one client write each (events framed with LF, CRLF or CR blank
+  lines, as the SSE spec allows; services.backends.relay). One exception, for cache telemetry: a stream whose client did not set
   `stream_options.include_usage` is sent with it set, and the engine's final usage chunk
   (`"choices": []`) is dropped before it reaches the client. Usage figures go to
   services.dispatcher.cachestats.
@@ -293,9 +293,20 @@ class FrontDoor:
         resp = web.StreamResponse(status=reply.status, headers={"content-type": reply.content_type,
                                                                 "cache-control": "no-cache", **headers})
         await resp.prepare(request)
+        transport, protocol, framed = request.transport, request.protocol, False
         try:
             async for block in reply.events:
+                # After the first block (aiohttp sends the buffered headers with it), a block the
+                # transport's buffer has room for goes straight to it, framed as aiohttp would
+                # frame it: one transport write, no writer coroutine per relayed chunk.
+                if framed and not protocol.writing_paused and transport is not None and \
+                        transport.get_write_buffer_size() + len(block) + WRITE_MARGIN < transport.get_write_buffer_limits()[1]:
+                    if transport.is_closing():
+                        raise _ClientGone("reset")
+                    transport.write(b"%x\r\n%b\r\n" % (len(block), block))
+                    continue
                 await self._to_client(request, resp, block)
+                framed = resp.headers.get("Transfer-Encoding") == "chunked"
         except _ClientGone as gone:     # the client's side broke or stalled: not the engine's failure (issue 20)
             served.client_gone(str(gone))
             return resp
