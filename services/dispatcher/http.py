@@ -296,6 +296,13 @@ class FrontDoor:
         transport, protocol, framed = request.transport, request.protocol, False
         try:
             async for block in reply.events:
+                if reply.ended:          # the engine's last block: sent with the response's end, one write
+                    served.finish(reply.usage)
+                    try:
+                        await resp.write_eof(block)
+                    except (ConnectionError, RuntimeError, aiohttp.ClientConnectionError):
+                        served.client_gone("reset")
+                    return resp
                 # After the first block (aiohttp sends the buffered headers with it), a block the
                 # transport's buffer has room for goes straight to it, framed as aiohttp would
                 # frame it: one transport write, no writer coroutine per relayed chunk.
