@@ -114,7 +114,6 @@ class Reply:
     events: AsyncIterator[bytes] | None = None
     usage: tuple[int, int, int | None] | None = None
     close: Callable[[], Awaitable[None]] = _nothing
-    ended: bool = False             # the block `events` just yielded is the stream's last
 
 
 def parse_endpoint(address: str, default_kind: str = "cacheroute") -> tuple[str, str]:

@@ -9,9 +9,7 @@ kept back for the scan only, so the figures reach cache telemetry without re-ser
 stream (STYLE.md, aiohttp / OpenAI API). When the dispatcher asked for the usage chunk
 itself (`strip`: the client did not), the stream is relayed event-aligned instead: chunks are
 passed on as soon as they end on an event boundary, a partial event waits for its end, and
-that chunk (`"choices": []`) is dropped; separators are kept as they came. A block read
-together with the engine's end of stream is marked (`Reply.ended`), so the front door sends
-it with the response's own end in one write.
+that chunk (`"choices": []`) is dropped; separators are kept as they came.
 
 Errors: no event within `first_byte` seconds of the headers, or no byte for `idle` seconds
 after that, is EngineError "timeout"; a broken connection "failed" (both mid-stream: the
@@ -112,7 +110,6 @@ async def relay_events(upstream: aiohttp.ClientResponse, reply: Reply, strip: bo
                     if has_usage(scan) and (found := usage_events(scan[:cut], False)[1]) is not None:
                         reply.usage = found
                     tail = scan[cut:] if cut < len(scan) else b""
-                reply.ended = content.at_eof()
                 yield data
                 continue
             data = tail + data if tail else data
@@ -125,10 +122,8 @@ async def relay_events(upstream: aiohttp.ClientResponse, reply: Reply, strip: bo
                 ready, found = usage_events(ready, strip)
                 reply.usage = found or reply.usage
             if ready:
-                reply.ended = not tail and content.at_eof()
                 yield ready
         if tail and aligned:
-            reply.ended = True
             yield tail
     except asyncio.TimeoutError:
         waited = deadlines.idle if waiting is None else waiting

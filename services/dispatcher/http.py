@@ -293,27 +293,9 @@ class FrontDoor:
         resp = web.StreamResponse(status=reply.status, headers={"content-type": reply.content_type,
                                                                 "cache-control": "no-cache", **headers})
         await resp.prepare(request)
-        transport, protocol, framed = request.transport, request.protocol, False
         try:
             async for block in reply.events:
-                if reply.ended:          # the engine's last block: sent with the response's end, one write
-                    served.finish(reply.usage)
-                    try:
-                        await resp.write_eof(block)
-                    except (ConnectionError, RuntimeError, aiohttp.ClientConnectionError):
-                        served.client_gone("reset")
-                    return resp
-                # After the first block (aiohttp sends the buffered headers with it), a block the
-                # transport's buffer has room for goes straight to it, framed as aiohttp would
-                # frame it: one transport write, no writer coroutine per relayed chunk.
-                if framed and not protocol.writing_paused and transport is not None and \
-                        transport.get_write_buffer_size() + len(block) + WRITE_MARGIN < transport.get_write_buffer_limits()[1]:
-                    if transport.is_closing():
-                        raise _ClientGone("reset")
-                    transport.write(b"%x\r\n%b\r\n" % (len(block), block))
-                    continue
                 await self._to_client(request, resp, block)
-                framed = resp.headers.get("Transfer-Encoding") == "chunked"
         except _ClientGone as gone:     # the client's side broke or stalled: not the engine's failure (issue 20)
             served.client_gone(str(gone))
             return resp
