@@ -102,8 +102,9 @@ async def _nothing() -> None:
 class Reply:
     """An engine's answer to an ApiCall, headers known, no byte sent to the client yet.
 
-    `body` is the whole answer, or `events` yields it as blocks of whole SSE events (bytes
-    exactly as the engine framed them) and may raise EngineError mid-stream. `usage`:
+    `body` is the whole answer, or `events` yields it in blocks (bytes exactly as the engine
+    sent them: each network chunk as it came, or whole SSE events when the usage chunk is
+    stripped; services.backends.relay) and may raise EngineError mid-stream. `usage`:
     (prompt tokens, cached tokens, completion tokens or None) once seen (streams: set while `events` runs). `close()`
     releases the engine request, cancelling it if unfinished."""
 

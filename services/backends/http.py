@@ -195,7 +195,7 @@ class HttpBackend(Backend):
         started = time.monotonic()
         upstream = await self._post("/v1/completions", orjson.dumps(doc), d, authorization)
         reply = Reply(upstream.status, upstream.headers.get("content-type", ""))
-        reply.events = relay_events(upstream, reply, False, d)
+        reply.events = relay_events(upstream, reply, False, d, whole=True)     # parsed below: whole events
         try:
             if upstream.status >= 500:
                 raise await self._server_error(upstream)

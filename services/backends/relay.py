@@ -1,12 +1,15 @@
 """The bytes of an HTTP engine's answer, relayed unchanged: SSE event alignment and usage.
 
-A stream is relayed event-aligned: network chunks are passed on as soon as they end on an
-SSE event boundary (a blank line with any of the spec's line endings: LF, CRLF or CR), and
-a partial event waits for its end. Only blocks that contain a `"usage": {` object are
-parsed (the `"usage":null` of every chunk is skipped by a byte test), so the figures reach
-cache telemetry without re-serialising the stream (STYLE.md, aiohttp / OpenAI API). When
-the dispatcher asked for the usage chunk itself (`strip`: the client did not), that chunk
-(`"choices": []`) is dropped; separators are kept as they came.
+A stream is relayed as the engine's network chunks arrive, each passed on unchanged in one
+block, wherever its boundaries fall (one client write per engine read). The usage figures
+are found by scanning the bytes: the events completed so far (a blank line with any of the
+spec's line endings ends one: LF, CRLF or CR) are parsed only if they contain a `"usage": {`
+object (the `"usage":null` of every chunk is skipped by a byte test), a partial event is
+kept back for the scan only, so the figures reach cache telemetry without re-serialising the
+stream (STYLE.md, aiohttp / OpenAI API). When the dispatcher asked for the usage chunk
+itself (`strip`: the client did not), the stream is relayed event-aligned instead: chunks are
+passed on as soon as they end on an event boundary, a partial event waits for its end, and
+that chunk (`"choices": []`) is dropped; separators are kept as they came.
 
 Errors: no event within `first_byte` seconds of the headers, or no byte for `idle` seconds
 after that, is EngineError "timeout"; a broken connection "failed" (both mid-stream: the
@@ -82,9 +85,11 @@ async def read_whole(upstream: aiohttp.ClientResponse, idle: float) -> bytes:
 
 
 async def relay_events(upstream: aiohttp.ClientResponse, reply: Reply, strip: bool,
-                       deadlines: Deadlines) -> AsyncIterator[bytes]:
-    """Blocks of whole SSE events of `upstream`, usage recorded on `reply` (module header)."""
+                       deadlines: Deadlines, *, whole: bool = False) -> AsyncIterator[bytes]:
+    """The bytes of `upstream`'s SSE stream in blocks, usage recorded on `reply` (module header):
+    each network chunk as it came, or, with `strip` or `whole`, blocks of whole events."""
     tail, waiting = b"", deadlines.first_byte
+    aligned = strip or whole
     content = upstream.content
     try:
         while True:
@@ -96,6 +101,17 @@ async def relay_events(upstream: aiohttp.ClientResponse, reply: Reply, strip: bo
             if not data:
                 break
             waiting = None
+            if not aligned:         # pass the chunk on as it came; scan whole events for usage
+                scan = tail + data if tail else data
+                cut = last_event_end(scan)
+                if cut < 0:
+                    tail = scan
+                else:
+                    if has_usage(scan) and (found := usage_events(scan[:cut], False)[1]) is not None:
+                        reply.usage = found
+                    tail = scan[cut:] if cut < len(scan) else b""
+                yield data
+                continue
             data = tail + data if tail else data
             cut = last_event_end(data)
             if cut < 0:
@@ -107,7 +123,7 @@ async def relay_events(upstream: aiohttp.ClientResponse, reply: Reply, strip: bo
                 reply.usage = found or reply.usage
             if ready:
                 yield ready
-        if tail:
+        if tail and aligned:
             yield tail
     except asyncio.TimeoutError:
         waited = deadlines.idle if waiting is None else waiting

@@ -26,7 +26,9 @@ The rule, per request:
      the replica's count (`answered`). "invalid", "full" and "denied" are answers, not failures.
   5. A request the engine took (HTTP 200, or a first chunk) is an arrival for the planner
      (`record_arrival`, the served rule of gRPC Generate) if its caller's telemetry budget
-     (`Job.caller`, the one SharedBudget) has room, asked only then. When the answer is complete,
+     (`Job.caller`, the one SharedBudget) has room, asked only then: with the budget in the
+     store, at the next flush, for all of the caller's arrivals since the last one in one call
+     (services.dispatcher.budget `DeferredArrivals`). When the answer is complete,
      `Served.finish` records its cache usage for HTTP engines (the gRPC engine reports its
      own counters); a client that left is `client_gone` (counted by reason, never against
      the engine); a failure after output began is `Served.failed` (ejection, no retry).
@@ -148,10 +150,11 @@ def generating(request, timeout: float, authorization: str | None) -> Callable[[
 
 class Dispatcher:
     def __init__(self, router: Router, monitor, usage: CacheUsage, registry: CollectorRegistry | None = None,
-                 *, hold_limit: float = 0.0, budget=None) -> None:
+                 *, hold_limit: float = 0.0, budget=None, deferred=None) -> None:
         self.router = router
         self.hold_limit = hold_limit
         self.budget = budget            # services.dispatcher.budget.SharedBudget (None: every arrival counts)
+        self.deferred = deferred        # services.dispatcher.budget.DeferredArrivals: charged per flush (shared scope)
         self._freed: asyncio.Event | None = None       # set (and dropped) when a replica may have freed KV
         router.changed = self._changed
         self.held = Counter("cacheroute_held", "requests held at the dispatcher (the hold rule: KV full)",
@@ -214,20 +217,22 @@ class Dispatcher:
             router.prefill_done(i, job.prompt_tokens)
             self.monitor.answered(i)
             if opened.status == 200:     # served: the engine took the request, so it is planner input
-                if await self._within_budget(job):
-                    router.record_arrival(job.key, job.now, job.prompt_tokens, job.shared_tokens, job.blocks,
-                                          replica=i)
-                else:                    # its caller is over its telemetry budget
-                    router.telemetry_capped += 1
+                await self._arrived(job, i)
             return Served(self, i, pick, opened)
         raise AssertionError("unreachable")
 
-    async def _within_budget(self, job: Job) -> bool:
-        """Whether the served request's arrival may count as planner input (its caller's budget)."""
-        budget = self.budget
+    async def _arrived(self, job: Job, i: int) -> None:
+        """The served request's arrival, within its caller's budget: recorded now when unbounded
+        or budgeted locally, else left with its caller until the next flush (`deferred`)."""
+        budget, router = self.budget, self.router
         if budget is None or job.caller is None or not budget.bounded:
-            return True
-        return await budget.take(job.caller, 1, job.now) == 1
+            router.record_arrival(job.key, job.now, job.prompt_tokens, job.shared_tokens, job.blocks, replica=i)
+        elif self.deferred is not None:
+            self.deferred.add(job.caller, job.key, job.now, job.prompt_tokens, job.shared_tokens, job.blocks, i)
+        elif await budget.take(job.caller, 1, job.now) == 1:
+            router.record_arrival(job.key, job.now, job.prompt_tokens, job.shared_tokens, job.blocks, replica=i)
+        else:                            # its caller is over its telemetry budget
+            router.telemetry_capped += 1
 
     def _pick(self, job: Job, avoid: int, hold: bool) -> Pick:
         return self.router.route(job.key, job.now, job.prompt_tokens, job.prefix_tokens, report=False, avoid=avoid,

@@ -12,9 +12,9 @@ accounting as gRPC Generate) -> the replica's backend (services.backends), whose
 written to the client here:
 
 - HTTP kinds (vllm, sglang, llamacpp, openai): the body is forwarded unchanged and the
-  engine's status, content type and body bytes come back unchanged, streamed event by event
-  for SSE (events framed with LF, CRLF or CR blank lines, as the SSE spec allows;
-  services.backends.relay). One exception, for cache telemetry: a stream whose client did not set
+  engine's status, content type and body bytes come back unchanged, streamed for SSE as the
+  engine's chunks arrive, one client write each (events framed with LF, CRLF or CR blank
+  lines, as the SSE spec allows; services.backends.relay). One exception, for cache telemetry: a stream whose client did not set
   `stream_options.include_usage` is sent with it set, and the engine's final usage chunk
   (`"choices": []`) is dropped before it reaches the client. Usage figures go to
   services.dispatcher.cachestats.

@@ -4,6 +4,7 @@ flags into a config and runs it; tests and local stacks start the service direct
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services.auth import EngineKeys, KeyRing
 from services.backends import make_backend
-from services.dispatcher.budget import BudgetConfig, SharedBudget
+from services.dispatcher.budget import BudgetConfig, DeferredArrivals, SharedBudget
 from services.dispatcher.cachestats import CacheStatsSender, CacheUsage
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.http import HttpApi, HttpConfig
@@ -23,7 +24,7 @@ from services.dispatcher.servicer import DispatcherServicer, KeyRules
 from services.dispatcher.telemetry import ArrivalReporter
 from services.dispatcher.workers import report_ready
 from services.model import DEFAULT_COLD_TAIL, Replica
-from services.rpc import RpcMetrics, RunningServer, ServerConfig, kv, start_server
+from services.rpc import RpcMetrics, RunningServer, ServerConfig, every, kv, start_server, stop_tasks
 from services.store import RedisStore
 
 log = logging.getLogger("cacheroute.dispatcher")
@@ -130,14 +131,20 @@ class DispatcherService:
         self.feed = PlanFeed(self.router, planner=config.planner, store=self.store, tls=tls,
                              backoff_max=config.plan_backoff_max, seed=config.seed)
         self.engine_feed = EngineFeed(self.router, self.monitor, planner=config.planner, store=self.store, tls=tls)
-        self.reporter = (ArrivalReporter(self.router, config.collector, config.dispatcher_id,
-                                         interval=config.telemetry_interval, tls=tls,
-                                         token=config.server.auth_token)
-                         if config.collector else None)
         # one per-caller telemetry budget for gRPC and HTTP arrivals, in the store when there is one
         self.budget = SharedBudget(config.budget, self.store)
         if config.budget.scope == "shared" and self.store is None and config.budget.rate > 0:
             log.info("caller budget: no store (--redis), one budget per dispatcher")
+        # served arrivals charged to the store's bucket once per flush, per caller (budget.py)
+        self.arrivals = (DeferredArrivals(self.budget, self.router, capacity=config.telemetry_capacity,
+                                          seed=config.seed)
+                         if self.budget.shared and self.budget.bounded else None)
+        settle = self.arrivals.settle if self.arrivals is not None else None
+        self.reporter = (ArrivalReporter(self.router, config.collector, config.dispatcher_id,
+                                         interval=config.telemetry_interval, tls=tls,
+                                         token=config.server.auth_token, settle=settle)
+                         if config.collector else None)
+        self._settling = None              # no collector: the deferred arrivals are settled on a task of their own
         self.running: RunningServer | None = None
         self.http: HttpApi | None = None
         self.ext_proc = None               # grpc.aio.Server of the endpoint picker, when on
@@ -160,7 +167,7 @@ class DispatcherService:
         metrics.registry.register(RouterMetrics(self.router))
         ring = data_plane_keys(self.config)
         self.dispatcher = Dispatcher(self.router, self.monitor, self.usage, metrics.registry,
-                                     hold_limit=self.config.hold_limit, budget=self.budget)
+                                     hold_limit=self.config.hold_limit, budget=self.budget, deferred=self.arrivals)
         servicer = DispatcherServicer(self.router, self.monitor, self.config.rules, self.config.dispatcher_id,
                                       budget=self.budget, keyring=ring,
                                       dispatcher=self.dispatcher, forward_client_auth=self.config.http.forward_client_auth)
@@ -177,6 +184,9 @@ class DispatcherService:
                 key_tokens=self.config.http.key_tokens, max_output_tokens=self.config.http.max_output_tokens)
         if self.reporter is not None:
             self.reporter.start()
+        elif self.arrivals is not None:
+            self._settling = asyncio.get_running_loop().create_task(
+                every(self.config.telemetry_interval, self.arrivals.settle), name="arrival-settle")
         if self.cache_sender is not None:
             self.cache_sender.start()
         if self.config.worker_index is not None:
@@ -200,6 +210,7 @@ class DispatcherService:
         await self.feed.stop()
         if self.reporter is not None:
             await self.reporter.stop()
+        await stop_tasks([self._settling])
         if self.cache_sender is not None:
             await self.cache_sender.stop()
         await self.monitor.stop()

@@ -7,6 +7,8 @@ client-streaming ReportArrivals call with a deadline, presenting the deployment'
 token when one is configured (the collector requires it then). Batch ids are dispatcher id, boot
 nonce and a sequence number, so the collector ignores a replay. When the collector is
 down or slow the drained arrivals are dropped and counted; routing never waits on this.
+Before each drain the served arrivals waiting for their caller's budget are settled
+(`settle`: services.dispatcher.budget.DeferredArrivals), so they go out in the same flush.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ class ArrivalReporter(PeriodicSender):
 
     def __init__(self, router: Router, collector: str, source: str, *, interval: float = 0.5,
                  batch_size: int = 5000, timeout: float = 2.0, tls: TLSFiles | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, settle=None) -> None:
         super().__init__(collector, interval=interval, timeout=timeout, tls=tls, token=token)
         self.router = router
+        self.settle = settle                # awaited before each drain: deferred arrivals charged to their budget
         self.source = source
         self.batch_size = batch_size
         self.sent_arrivals = 0
@@ -49,6 +52,8 @@ class ArrivalReporter(PeriodicSender):
 
     async def flush(self) -> bool:
         """Send what the router buffered. True if the collector took it (or there was nothing)."""
+        if self.settle is not None:
+            await self.settle()
         arrivals = self.router.drain_telemetry()
         if not arrivals:
             return True

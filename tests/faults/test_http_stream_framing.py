@@ -8,6 +8,7 @@ import asyncio
 import time
 
 import aiohttp
+import orjson
 import pytest
 
 from services.dispatcher.http import HttpConfig
@@ -43,6 +44,79 @@ def test_sse_events_are_streamed_one_by_one_whatever_the_framing(framing):
             assert stream.count(b'"delta"') == 5 and b"[DONE]" in stream
             assert b'"choices":[]' not in stream, "the usage chunk the client did not ask for was relayed"
             assert service.http.usage.prompt[0] == 5 and service.http.usage.cached[0] == 3
+        finally:
+            await service.stop()
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+# An engine that writes its SSE stream in pieces cut inside events (inside the first event's
+# JSON, inside the usage chunk's `"usage": {` marker, inside a separator), PAUSE apart, so each
+# piece is its own network read at the dispatcher.
+PAUSE = 0.3
+_USAGE = {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13, "prompt_tokens_details": {"cached_tokens": 7}}
+_EVENTS = [b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"he"}}],"usage":null}\n\n',
+           b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"llo"}}],"usage":null}\n\n',
+           b'data: {"id":"x","object":"chat.completion.chunk","choices":[],"usage":' + orjson.dumps(_USAGE) + b'}\n\n',
+           b"data: [DONE]\n\n"]
+STREAM = b"".join(_EVENTS)
+_USAGE_AT = STREAM.index(b'"usage":{')
+CUTS = (20, len(_EVENTS[0]) + 1, _USAGE_AT + 4, len(STREAM) - len(_EVENTS[3]) - 1)   # every one inside an event
+
+
+async def _split_engine():
+    from aiohttp import web
+
+    from services.http.server import start_http
+
+    async def health(request):
+        return web.json_response({"status": "ok"})
+
+    async def complete(request):
+        await request.read()
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        start = 0
+        for cut in (*CUTS, len(STREAM)):
+            await resp.write(STREAM[start:cut])
+            start = cut
+            await asyncio.sleep(PAUSE)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/chat/completions", complete)
+    return await start_http(app, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_chunks_cut_inside_events_reach_the_client_unchanged_and_usage_is_found(include_usage):
+    async def main():
+        engine = await _split_engine()
+        config = DispatcherConfig(server=ServerConfig(name="dispatcher", port=0),
+                                  replicas=parse_replicas(f"e0=vllm+{engine.url}"), poll_interval=0.1,
+                                  poll_timeout=0.5, seed=2, http=HttpConfig(port=0))
+        service = await serve(config)
+        try:
+            await wait_until(lambda: all(service.router.state.healthy), timeout=5)
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}],
+                    **({"stream_options": {"include_usage": True}} if include_usage else {})}
+            async with aiohttp.ClientSession() as session:
+                async with session.post(service.http_url + "/v1/chat/completions", json=body) as resp:
+                    assert resp.status == 200
+                    first = await asyncio.wait_for(resp.content.readany(), PAUSE * 3)
+                    stream = first + await resp.read()
+            if include_usage:
+                # each piece is passed on as it came: the first, half an event, before the rest is sent
+                assert first == STREAM[:CUTS[0]], first
+                assert stream == STREAM
+            else:
+                # the usage chunk the dispatcher asked for is dropped; everything else byte for byte
+                assert first == _EVENTS[0], first
+                assert stream == _EVENTS[0] + _EVENTS[1] + _EVENTS[3]
+            assert service.http.usage.prompt[0] == 11 and service.http.usage.cached[0] == 7
         finally:
             await service.stop()
             await engine.stop()

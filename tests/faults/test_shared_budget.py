@@ -14,7 +14,9 @@ seconds). Three designs:
   shared   one bucket in the store (now the default): 1 budget either way
 
 Then: HTTP and gRPC arrivals of one caller draw on the same shared bucket, and with the
-store unreachable each dispatcher falls back to its local bucket (routing unaffected).
+store unreachable each dispatcher falls back to its local bucket (routing unaffected). Served
+(HTTP) arrivals are charged once per caller per flush (services/dispatcher/budget.py
+`DeferredArrivals`): the measurement settles them before counting.
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ async def _measure(engines, budget: BudgetConfig, targets: list[int], redis_url:
     dispatchers = await _dispatchers(engines, budget, redis_url)
     try:
         seconds = await _flood(dispatchers, targets, http=http)
+        for d in dispatchers:           # served (HTTP) arrivals are charged at the flush (budget.py)
+            if d.arrivals is not None:
+                await d.arrivals.settle()
         allowed = BURST + RATE * seconds
         return _counted(dispatchers) / allowed, sum(d.budget.fallbacks for d in dispatchers)
     finally:

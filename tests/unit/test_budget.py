@@ -95,3 +95,41 @@ def test_shared_budget_uses_the_store_and_falls_back_to_the_local_bucket():
     # the store's bucket: 15 + 5 of 20; then local: 15 (and 15 counted as fallbacks), then
     # 5 more locally (1 s later); at 2.2 s back on the store (2.2 s x 10/s refilled, capped at 20)
     assert asyncio.run(main()) == [15, 5, 15, 15, 5, 5, False, 20]
+
+
+def test_deferred_arrivals_one_call_per_caller_a_sample_in_time_order_and_a_bound():
+    import asyncio
+
+    from services.dispatcher.budget import DeferredArrivals, SharedBudget
+    from services.store import MemoryStore
+
+    class Counting(MemoryStore):
+        calls: list = []
+
+        async def take_budget(self, caller, n, **kw):
+            self.calls.append((caller, n))
+            return await super().take_budget(caller, n, **kw)
+
+    async def main():
+        r = Router([Replica("e0", "x"), Replica("e1", "y")], seed=1)
+        store = Counting()
+        deferred = DeferredArrivals(SharedBudget(BudgetConfig(rate=0.001, burst=30), store), r, capacity=150, seed=3)
+        for n in range(100):
+            deferred.add("heavy", f"h{n}", float(n), 10, 5, (), n % 2)
+        for n in range(20):
+            deferred.add("light", f"l{n}", float(n) + 0.5, 10, 5, (), 0)
+        for n in range(40):                     # over the capacity of 150: 10 dropped
+            deferred.add("late", f"z{n}", 200.0, 10, 5, (), 1)
+        assert len(deferred) == 150 and r.telemetry_dropped == 10 and r.telemetry == []
+        await deferred.settle(now=300.0)
+        return r, store.calls
+
+    r, calls = asyncio.run(main())
+    assert sorted(calls) == [("heavy", 100), ("late", 30), ("light", 20)], "one call per caller"
+    heavy = [a for a in r.telemetry if a[0].startswith("h")]
+    assert len(heavy) == 30 and r.telemetry_capped == 70
+    assert [a[1] for a in heavy] == sorted(a[1] for a in heavy), "in time order, their own times"
+    assert max(a[1] for a in heavy) - min(a[1] for a in heavy) > 50, "a sample through the run, not its head"
+    assert all(a[5] == ("e1" if int(a[0][1:]) % 2 else "e0") for a in heavy), "the replica each was sent to"
+    assert sum(a[0].startswith("l") for a in r.telemetry) == 20
+    assert sum(a[0].startswith("z") for a in r.telemetry) == 30
