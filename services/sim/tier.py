@@ -11,40 +11,82 @@ k goes to member k mod N, each member sees every plan. The load signals are exac
 per-instance memory alone causes, not poll staleness. Each member picks with `ClusterState.share`
 = 1/N (restored after the pick): round robin gives every instance a 1/N share of the requests in
 flight, which is what a live dispatcher measures (services.dispatcher.router, `Router.share`).
+
+The record bus (issue 23; `record_delay`, off by default): every member publishes what it routed and
+every other member inserts it into its own record (`CacheRoutePolicy.observe`: the cold-home rule's
+record and, with `record_memory`, the cold tail's key memory) once the simulated clock has reached
+pick time + `record_delay`. The clock is the arrival of the request being picked (the simulator picks
+in arrival order); deliveries due by then are made before that pick, oldest pick first. Members
+without `observe` get nothing. With the bus on every member picks with share 1.0: its record covers
+the tier's traffic (up to the delay), which is what the share gate asks of it. A HOLD pick is not
+published (nothing was routed; hold is off by default). Measured in docs/experiments.md, "The record
+bus in the simulator".
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable
 
-from services.core.policy import ClusterState, Pick, Policy
+from services.core.policy import ClusterState, Pick, Policy, Reason
 from services.core.request import Request
 
 
 class Tier:
-    """N router instances of one policy, requests round-robin over them (module header)."""
+    """N router instances of one policy, requests round-robin over them (module header).
 
-    def __init__(self, make: Callable[[int], Policy], instances: int):
+    `record_delay` (simulated seconds; None: no bus) turns the record bus on: every member's pick
+    is queued and handed to every other member's `observe(replica, request, state, memory=...)`
+    before the first pick whose `request.arrival` is at or past pick time + delay, in pick order.
+    With the bus on, members pick with share 1.0; `record_memory` is `observe`'s `memory`."""
+
+    def __init__(self, make: Callable[[int], Policy], instances: int, record_delay: float | None = None,
+                 record_memory: bool = True):
         if instances < 1:
             raise ValueError(f"a tier needs at least one instance, got {instances}")
+        if record_delay is not None and not record_delay >= 0:      # also rejects NaN
+            raise ValueError(f"record_delay must be >= 0 simulated seconds or None, got {record_delay}")
         self.members = [make(i) for i in range(instances)]
         first = self.members[0]
         self.name = getattr(first, "name", type(first).__name__)
         self.prefix = getattr(first, "prefix", False)
+        self.record_delay = record_delay
+        self.record_memory = record_memory
+        self._observers = [getattr(m, "observe", None) for m in self.members]
+        self._bus: deque = deque()      # (due, origin member, replica, request), in pick (= due) order
+        self.delivered = 0              # observe calls made (for tests and diagnostics)
         self._next = 0
 
     def pick(self, request: Request, state: ClusterState) -> Pick:
         members = self.members
-        member = members[self._next]
-        self._next = (self._next + 1) % len(members)
-        if len(members) == 1:
+        n = len(members)
+        k = self._next
+        member = members[k]
+        self._next = (k + 1) % n
+        if n == 1:
             return member.pick(request, state)
+        bus = self.record_delay is not None
+        if bus:
+            self._deliver(request.arrival, state)
+            pick = member.pick(request, state)      # share 1.0: the record covers the tier
+            if pick.reason != Reason.HOLD:
+                self._bus.append((request.arrival + self.record_delay, k, pick.replica, request))
+            return pick
         share = state.share
-        state.share = share / len(members)
+        state.share = share / n
         try:
             return member.pick(request, state)
         finally:
             state.share = share
+
+    def _deliver(self, now: float, state: ClusterState) -> None:
+        bus, observers, memory = self._bus, self._observers, self.record_memory
+        while bus and bus[0][0] <= now:
+            _, origin, replica, request = bus.popleft()
+            for j, observe in enumerate(observers):
+                if j != origin and observe is not None:
+                    observe(replica, request, state, memory=memory)
+                    self.delivered += 1
 
     def set_plan(self, plan) -> None:
         for member in self.members:
