@@ -11,6 +11,11 @@ services.core.switching.decide_switch says so. The planner's arithmetic runs in 
     .venv/bin/python -m experiments.bound_drift --rates 16,24 --seeds 1,2
     .venv/bin/python -m experiments.bound_drift --rates 16 --seeds 1 --series     # per-bin, per-replica view
     .venv/bin/python -m experiments.bound_drift --lifecycle sim                    # the simulator's own lifecycle
+    .venv/bin/python -m experiments.bound_drift --tier 1,4 --tier-record-delay none,0.1 --tier-record-memory on,off
+
+`--tier N`: N router instances of the policy, requests round-robin over them, one plan
+(services.sim.tier; experiments.bound_tenants has the same flags); `--tier-record-delay` (wall
+seconds, "none" = off) and `--tier-record-memory` run the record bus between them.
 
 Printed per point (JSON line): hit %, bound, miss split (points), p50/p99 TTFT in wall ms, the
 plan installs and the switching decisions; with --series per 10 s wall bin: hit %, p99 and
@@ -34,7 +39,7 @@ from services.core.metrics import percentile  # noqa: E402
 from services.core.switching import SwitchConfig, decide_switch, loads_under  # noqa: E402
 from services.sim.runs import RunSpec, config_for  # noqa: E402
 
-from experiments.bound_tenants import requests, run_points  # noqa: E402
+from experiments.bound_tenants import bus_grid, requests, run_points  # noqa: E402
 
 INTERVAL, WINDOW, MAX_MOVES, Q_CAP, WARM_SLOTS = 10.0, 60.0, 8, 20.0, 64   # wall units: the stack's defaults
 
@@ -108,8 +113,10 @@ def point(args) -> dict:
 
     from services.core.policies import make_policy
     from services.sim.simulator import Simulator
+    from services.sim.tier import Tier
 
-    knobs, qps_wall, seed, lifecycle, want_series, workload, variant, name = args
+    knobs, qps_wall, seed, lifecycle, want_series, workload, variant, name, *bus = args
+    tier, delay_wall, memory = bus if bus else (1, None, True)
     variant = dict(variant)
     window = variant.pop("window", WINDOW)
     q_cap_wall = variant.pop("q_cap", Q_CAP)
@@ -134,13 +141,15 @@ def point(args) -> dict:
             prefix.setdefault(q.key, q.prefix_tokens)
         plan_fn = live_plan_fn(ts, prefix, **variant)
         config = replace(config, plan_fn=plan_fn)
-    policy = make_policy(name, spec.replicas, seed=seed, **knobs)
+    policy = make_policy(name, spec.replicas, seed=seed, **knobs) if tier == 1 else \
+        Tier(lambda i: make_policy(name, spec.replicas, seed=seed + i, **knobs), tier,
+             record_delay=None if delay_wall is None else delay_wall / ts, record_memory=memory)
     sim = Simulator(config, policy, reqs)
     res = sim.run()
     res.extra["spilled_mask"] = np.asarray(sim._spilled, dtype=bool)
     m = res.extra["misses"]
-    out = {"policy": name, "workload": workload, "lifecycle": lifecycle, "knobs": knobs, "variant": args[-1],
-           "qps": qps_wall, "seed": seed,
+    out = {"policy": name, "workload": workload, "lifecycle": lifecycle, "knobs": knobs, "variant": args[7],
+           "tier": tier, "record_delay": delay_wall, "record_memory": memory, "qps": qps_wall, "seed": seed,
            "hit": round(res.metrics.hit_rate * 100, 2), "bound": round(m["bound"] * 100, 2),
            "first_on_replica": round(m["first_on_replica"] * 100, 2), "evicted": round(m["evicted"] * 100, 2),
            "spilled": round(m["spilled"] * 100, 2), "first_sight": round(m.get("first_sight", 0.0) * 100, 2),
@@ -168,14 +177,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="{}",
                         help="JSON planner variant: window, q_cap (wall), dwell (s), max_moves, home_rho")
     parser.add_argument("--series", action="store_true", help="add the per-bin, per-replica series")
+    parser.add_argument("--tier", default="1", help="router instances per point, comma-separated")
+    parser.add_argument("--tier-record-delay", default="none",
+                        help="record bus delay(s) in wall seconds, comma-separated; none: no bus (services.sim.tier)")
+    parser.add_argument("--tier-record-memory", default="on",
+                        help="on/off, comma-separated: peers' picks also enter the cold tail's key memory")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="append each point as a JSON line to this file")
     args = parser.parse_args(argv)
     knobs = json.loads(args.knobs)
     variant = json.loads(args.variant)
+    buses = bus_grid(args.tier_record_delay, args.tier_record_memory)
     jobs = [(knobs if p == "cacheroute" else {}, float(q), int(s), args.lifecycle, args.series, args.workload,
-             variant, p)
-            for s in args.seeds.split(",") for q in args.rates.split(",") for p in args.policies.split(",")]
+             variant, p, int(n), *bus)
+            for s in args.seeds.split(",") for q in args.rates.split(",") for n in args.tier.split(",")
+            for bus in (buses if int(n) > 1 else [(None, True)]) for p in args.policies.split(",")]
     run_points(point, jobs, args.jobs, args.out)
     return 0
 

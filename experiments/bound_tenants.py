@@ -6,6 +6,8 @@ checked against the live regime without a quiet machine (and then confirmed live
     .venv/bin/python -m experiments.bound_tenants --policies cacheroute \
         --knobs '{"balance_factor": 1.5}' --rates 16,24
     .venv/bin/python -m experiments.bound_tenants --policies cacheroute --tier 1,4 --rates 16,24
+    .venv/bin/python -m experiments.bound_tenants --policies cacheroute --tier 2,4 --rates 16,24 \
+        --tier-record-delay none,0.1 --tier-record-memory on,off      # the record bus (services.sim.tier)
 
 Rates are wall req/s as bench/peers.py states them; the simulator runs in model time (rates x the
 scale's time scale, durations / it). CacheRoute's settings are the live stack's defaults
@@ -14,6 +16,11 @@ window) in model time. The routing key is
 the tenant (the live key is the prompt's first 128 tokens, which lie inside the tenant's system
 prompt). Printed per point: hit %, the infinite-cache bound, miss split (points), p50/p99 TTFT in
 wall ms (model x time scale), preemptions, in-flight imbalance.
+
+The record bus (services.sim.tier, `Tier(record_delay=...)`): `--tier-record-delay` in wall seconds
+(converted to model time like every other duration; "none" = no bus, the default) and
+`--tier-record-memory` on/off (whether peers' picks also enter the cold tail's key memory), both
+comma-separated grids; a tier of 1 has no peers, so it runs once, without the bus.
 """
 
 from __future__ import annotations
@@ -60,9 +67,11 @@ def run_points(point, jobs: list, processes: int, out: str | None) -> None:
                     fh.write(json.dumps(row) + "\n")
 
 
-def run(spec: RunSpec, reqs: list[Request], tier: int = 1) -> dict:
+def run(spec: RunSpec, reqs: list[Request], tier: int = 1, record_delay: float | None = None,
+        record_memory: bool = True) -> dict:
     """run_spec with the live planner's rate window (60 s wall) instead of one control interval;
-    `tier` router instances, requests round-robin over them (services.sim.tier)."""
+    `tier` router instances, requests round-robin over them (services.sim.tier), with the record bus
+    at `record_delay` model seconds (None: off) and `record_memory`."""
     from services.core.policies import make_policy
     from services.sim.simulator import Simulator
     from services.sim.tier import Tier
@@ -70,7 +79,8 @@ def run(spec: RunSpec, reqs: list[Request], tier: int = 1) -> dict:
     import peers
 
     config = replace(config_for(spec), rate_window=60.0 / peers.BOUND.time_scale)
-    policy = Tier(lambda i: make_policy(spec.policy, spec.replicas, seed=spec.seed + i, **spec.policy_knobs), tier)
+    policy = Tier(lambda i: make_policy(spec.policy, spec.replicas, seed=spec.seed + i, **spec.policy_knobs), tier,
+                  record_delay=record_delay, record_memory=record_memory)
     return Simulator(config, policy, reqs).run().as_dict()
 
 
@@ -93,21 +103,44 @@ def spec_for(policy: str, knobs: dict, qps_wall: float, seed: int, q_cap: float 
 def point(args) -> dict:
     import peers
 
-    policy, knobs, qps_wall, seed, q_cap, lifecycle, tier = args
+    policy, knobs, qps_wall, seed, q_cap, lifecycle, tier, *bus = args
+    delay_wall, memory = bus if bus else (None, True)
     ts = peers.BOUND.time_scale
     spec = spec_for(policy, knobs, qps_wall, seed, q_cap, lifecycle)
     reqs = requests(qps_wall, seed)
     if policy in PLANNED_POLICIES and q_cap == 0:
         spec = replace(spec, q_cap=calibrated_q_cap(spec, reqs))
-    out = run(spec, reqs, tier)
+    out = run(spec, reqs, tier, None if delay_wall is None else delay_wall / ts, memory)
     m = out["misses"]
-    return {"policy": policy, "knobs": knobs, "tier": tier, "qps": qps_wall, "seed": seed,
+    return {"policy": policy, "knobs": knobs, "tier": tier, "record_delay": delay_wall, "record_memory": memory,
+            "qps": qps_wall, "seed": seed,
             "hit": round(out["hit_rate"] * 100, 2), "bound": round(m["bound"] * 100, 2),
             "first_on_replica": round(m["first_on_replica"] * 100, 2), "evicted": round(m["evicted"] * 100, 2),
             "spilled": round(m["spilled"] * 100, 2),
             "p50_ms": round(out["ttft_p50"] * ts * 1000), "p99_ms": round(out["ttft_p99"] * ts * 1000),
             "preemptions": out["preemptions"], "imbalance": round(out["imbalance"], 3),
             "q_cap_wall": round(spec.q_cap / ts, 2) if spec.q_cap else None}
+
+
+def bus_grid(delays: str, memories: str) -> list[tuple[float | None, bool]]:
+    """(delay in wall s or None, memory) pairs from the comma-separated flags; "none" has no memory
+    variants. ValueError on a value that is neither."""
+    mem = {"on": True, "off": False}
+    out: list[tuple[float | None, bool]] = []
+    for d in delays.split(","):
+        d = d.strip().lower()
+        if d == "none":
+            out.append((None, True))
+            continue
+        delay = float(d)
+        if not delay >= 0:
+            raise ValueError(f"--tier-record-delay must be none or >= 0 wall seconds, got {d!r}")
+        for m in memories.split(","):
+            m = m.strip().lower()
+            if m not in mem:
+                raise ValueError(f"--tier-record-memory takes on/off, got {m!r}")
+            out.append((delay, mem[m]))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,13 +155,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lifecycle", default="churn", help="planned policies' re-plan (sim --lifecycle)")
     parser.add_argument("--tier", default="1", help="router instances per point, comma-separated "
                         "(requests round-robin over them, as bench/peers.py --tier spreads its client)")
+    parser.add_argument("--tier-record-delay", default="none",
+                        help="record bus delay(s) in wall seconds, comma-separated; none: no bus (services.sim.tier)")
+    parser.add_argument("--tier-record-memory", default="on",
+                        help="on/off, comma-separated: peers' picks also enter the cold tail's key memory")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="append each point as a JSON line to this file")
     args = parser.parse_args(argv)
     knobs = json.loads(args.knobs)
-    jobs = [(p, knobs if p.startswith("cacheroute") else {}, float(q), int(s), args.q_cap, args.lifecycle, int(n))
+    buses = bus_grid(args.tier_record_delay, args.tier_record_memory)
+    jobs = [(p, knobs if p.startswith("cacheroute") else {}, float(q), int(s), args.q_cap, args.lifecycle, int(n),
+             *bus)
             for s in args.seeds.split(",") for q in args.rates.split(",") for n in args.tier.split(",")
-            for p in args.policies.split(",")]
+            for bus in (buses if int(n) > 1 else [(None, True)]) for p in args.policies.split(",")]
     run_points(point, jobs, args.jobs, args.out)
     return 0
 
