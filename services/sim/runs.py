@@ -15,6 +15,7 @@ from services.core.request import Request
 from services.core.workloads import history_rates, make_workload
 from services.sim import calibrate, tracefiles
 from services.sim.simulator import PLANNED, SimConfig, Simulator, scratch_plan_fn
+from services.sim.tier import Tier
 
 # planned policies' re-plan every interval: "churn" is the simulator's default (the planner's
 # churn-aware lifecycle; prefix-aware plans keep their own sticky builder), "scratch" the paper's
@@ -46,6 +47,9 @@ class RunSpec:
     arrival_trace: str | None = None        # synthetic workloads: replay this Azure CSV's arrival times
     lifecycle: str = "churn"                # planned policies' re-plan: "churn" (the planner's) or "scratch" (fresh LPT)
     kv_blocks: int | None = None            # KV blocks per replica; None: the profile's
+    tier: int = 1                           # router instances, round-robin (services.sim.tier)
+    record_delay: float | None = None       # the tier's record bus delay, virtual seconds; None: off
+    record_memory: bool = True              # the bus also feeds the cold tail's key memory
 
 
 def load_requests(spec: RunSpec) -> list[Request]:
@@ -108,7 +112,11 @@ def run_spec(spec: RunSpec, requests: Sequence[Request] | None = None) -> dict:
     reqs = requests if requests is not None else load_requests(spec)
     if not reqs:
         raise ValueError("no requests to simulate")
-    policy = make_policy(spec.policy, spec.replicas, seed=spec.seed, **spec.policy_knobs)
+    if spec.tier == 1:
+        policy = make_policy(spec.policy, spec.replicas, seed=spec.seed, **spec.policy_knobs)
+    else:
+        policy = Tier(lambda i: make_policy(spec.policy, spec.replicas, seed=spec.seed + i, **spec.policy_knobs),
+                      spec.tier, record_delay=spec.record_delay, record_memory=spec.record_memory)
     out = Simulator(config_for(spec), policy, reqs).run().as_dict()
     out["offered_qps"] = spec.qps
     return out

@@ -123,3 +123,16 @@ def test_without_the_bus_the_tier_keeps_the_evicted_home():
     """Control: no bus, m0's record never hears of "b" and "c" (and share 1/2 gates the rule)."""
     tier, s = planned_tier(None), cluster()
     assert run_until(tier, s, 0.5) == (2, Reason.PLANNED)
+
+
+def test_run_spec_runs_a_tier_with_the_bus_and_refuses_an_empty_tier():
+    """services.sim.runs.RunSpec.tier / record_delay (experiments/bus_mooncake.py uses them)."""
+    from services.sim.runs import RunSpec, run_spec
+
+    spec = RunSpec(policy="cacheroute", qps=6.0, replicas=3, profile="llama3-8b-h100", duration=20.0, seed=1,
+                   q_cap=2.0, control_interval=5.0, tier=2, record_delay=0.1)
+    out = run_spec(spec)
+    assert out["requests"] > 0 and 0.0 <= out["hit_rate"] <= 1.0
+    with pytest.raises(ValueError, match="at least one instance"):
+        run_spec(RunSpec(policy="cacheroute", qps=6.0, replicas=3, profile="llama3-8b-h100", duration=20.0,
+                         tier=0))
