@@ -20,7 +20,9 @@ in arrival order); deliveries due by then are made before that pick, oldest pick
 without `observe` get nothing. With the bus on every member picks with share 1.0: its record covers
 the tier's traffic (up to the delay), which is what the share gate asks of it. A HOLD pick is not
 published (nothing was routed; hold is off by default). Measured in docs/experiments.md, "The record
-bus in the simulator".
+bus in the simulator": with memory, a tier of 2 or 4 gets one router's drift figures, but by the rule
+written before the runs it missed the no-bus tier on (a) tenants at one point (tier 2 @16, 0.28 point
+of hit, tolerance 0.2), so the default stays off.
 """
 
 from __future__ import annotations
