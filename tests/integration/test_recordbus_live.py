@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from cacheroute.v1 import dispatcher_pb2, dispatcher_pb2_grpc, engine_pb2
-from services.core.policies._caches import KeyLRU
+from services.core.policies._caches import BlockLRU, KeyLRU
 from services.dispatcher.recordbus import MAX_BATCH_BYTES, encode_batch
 from services.dispatcher.service import DispatcherService, serve
 from services.engine.fleet import EngineFleet
@@ -50,22 +50,27 @@ def scrape(port: int) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
 
 
-def test_what_a_routes_is_in_bs_record_within_a_second(redis_url):
+@pytest.mark.parametrize("prefix_nodes", [False, True])
+def test_what_a_routes_is_in_bs_record_within_a_second(redis_url, prefix_nodes):
     async def main():
         fleet = await EngineFleet(3, time_scale=0.01).start()
-        a, b = await pair(fleet, redis_url)
+        a, b = await pair(fleet, redis_url, prefix_nodes=prefix_nodes)
         try:
             async with grpc.aio.insecure_channel(a.address) as ch:
                 stub = dispatcher_pb2_grpc.DispatcherStub(ch)
                 req = blocks_request("tenant-x", 7)
                 [c async for c in stub.Generate(req, timeout=10)]
-                home = a.router.policy.remembered("tenant-x")
-                assert home is not None
+                assert sum(a.router.routed_to) == 1
+                home = a.router.routed_to.index(1)
                 took = await wait_until(lambda: b.router.policy.remembered("tenant-x") == home, timeout=5)
-                # without prefix nodes a Generate carries no blocks to the router: the record is by key
                 index = b.router.policy._index
-                assert isinstance(index, KeyLRU)
-                assert index.holds(home, "tenant-x") and not index.holds((home + 1) % 3, "tenant-x")
+                if prefix_nodes:          # the request's cacheable blocks travel: a record of block hashes
+                    hashes = tuple(req.blocks.block_hashes)
+                    assert isinstance(index, BlockLRU) and index.match(home, hashes) >= 23
+                    assert index.match((home + 1) % 3, hashes) == 0
+                else:                     # a Generate carries no blocks to the router: a record by key
+                    assert isinstance(index, KeyLRU)
+                    assert index.holds(home, "tenant-x") and not index.holds((home + 1) % 3, "tenant-x")
                 # A's own record has it from its pick; A never observes its own batches
                 assert a.bus.own >= 1 and a.bus.received[1] == 0 and b.bus.received[1] == 1
                 text = await asyncio.to_thread(scrape, b.running.metrics_port)
