@@ -27,7 +27,7 @@ Rule.
 Transport: Redis pub/sub on the store's channel `{prefix}:{records}:bus` (services/store/keys.py),
 through the dispatcher's own RedisStore connection config: PUBLISH / SUBSCRIBE on one node,
 SPUBLISH / SSUBSCRIBE in a Redis Cluster (a shard channel: one shard carries it, not every node;
-services/store/redis.py). Pub/sub is fire-and-forget: a router that is disconnected loses those
+services/store/records.py). Pub/sub is fire-and-forget: a router that is disconnected loses those
 batches (its record is a soft estimate; it reconnects with a backoff) and Redis drops a subscriber
 whose output buffer passes its pub/sub limit (32 MB by default; a batch is at most 1 MiB).
 Without a Redis store (an embedded dispatcher, the in-memory store) there is no bus.
@@ -191,7 +191,7 @@ class RecordBus:
         if batch_max < 1:
             raise ValueError(f"record batch max must be >= 1, got {batch_max!r}")
         self.router = router
-        self.store = store
+        self.channel = store.records() if store is not None else None   # RedisStore.records()
         self.sender = sender
         self.interval = interval
         self.batch_max = batch_max
@@ -213,7 +213,7 @@ class RecordBus:
         self.router.routes_out = []
         self._tasks = [asyncio.create_task(self._send_loop(), name="record-bus-send"),
                        asyncio.create_task(self._receive_loop(), name="record-bus-receive")]
-        log.info("record bus on", extra=kv(sender=self.sender, channel=self.store.keys.records(),
+        log.info("record bus on", extra=kv(sender=self.sender, channel=self.channel.name,
                                            interval=self.interval, batch_max=self.batch_max))
         return self
 
@@ -252,7 +252,7 @@ class RecordBus:
                                   [(ids[i], key, tokens, blocks) for i, key, tokens, blocks in buf])
         self.dropped["bytes"] += left
         try:
-            await self.store.publish_records(data)
+            await self.channel.publish(data)
         except Unavailable as exc:
             self.dropped["publish_failed"] += len(buf) - left
             self._warn("publish", str(exc))
@@ -278,7 +278,7 @@ class RecordBus:
         while True:
             try:
                 if self._sub is None:
-                    self._sub = self.store.record_subscription()
+                    self._sub = self.channel.subscription()
                     await self._sub.start()
                     backoff = self.interval
                 data = await self._sub.get(timeout=1.0)

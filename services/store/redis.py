@@ -70,6 +70,7 @@ from services.store.keys import (
     summary_of,
     unseal_blob,
 )
+from services.store.records import RecordChannel
 from services.store.window_cache import BucketCache
 
 
@@ -576,21 +577,10 @@ class RedisStore(Store):
     def subscribe(self) -> "Subscription":
         return _RedisSubscription(self)
 
-    # ---- the record bus (services/dispatcher/recordbus.py): opaque batches between dispatchers.
-    # One node: PUBLISH / SUBSCRIBE (any Redis version). A Redis Cluster: SPUBLISH / SSUBSCRIBE
-    # (Redis 7.0+, redis-py's ClusterPubSub routes them to the node owning the channel's slot), so a
-    # batch travels to one shard instead of being broadcast over the cluster bus to every node.
+    # ---- the record bus between dispatchers (services/store/records.py)
 
-    async def publish_records(self, blob: bytes) -> int:
-        """Send one record batch; the number of subscribers that received it."""
-        channel = self.keys.records()
-        async with self._guard():
-            if self._cluster:
-                return int(await self._redis.spublish(channel, blob))
-            return int(await self._redis.publish(channel, blob))
-
-    def record_subscription(self) -> "RecordSubscription":
-        return RecordSubscription(self)
+    def records(self) -> RecordChannel:
+        return RecordChannel(self)
 
     # ---- the engine set
 
@@ -687,39 +677,3 @@ class _RedisSubscription(Subscription):
                 await self._pubsub.aclose()
             self._pubsub = None
 
-
-class RecordSubscription:
-    """The record bus's messages as raw bytes: `await start()`, `await get(timeout)` (None after
-    `timeout` seconds without one), `await close()`. Errors are Unavailable, as every store call's."""
-
-    def __init__(self, store: RedisStore) -> None:
-        self.store = store
-        self.channel = store.keys.records()
-        self._pubsub = None
-
-    async def start(self) -> None:
-        async with self.store._guard():
-            self._pubsub = self.store._redis.pubsub(ignore_subscribe_messages=True)
-            if self.store._cluster:
-                await self._pubsub.ssubscribe(self.channel)
-            else:
-                await self._pubsub.subscribe(self.channel)
-
-    async def get(self, timeout: float) -> bytes | None:
-        if self._pubsub is None:
-            await self.start()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        read = self._pubsub.get_sharded_message if self.store._cluster else self._pubsub.get_message
-        async with self.store._guard():
-            while (left := deadline - loop.time()) > 0:
-                msg = await read(timeout=left)
-                if msg is not None and msg.get("type") in ("message", "smessage", b"message", b"smessage"):
-                    return msg["data"]
-        return None
-
-    async def close(self) -> None:
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):
-                await self._pubsub.aclose()
-            self._pubsub = None

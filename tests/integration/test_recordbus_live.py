@@ -174,13 +174,13 @@ def test_no_bus_without_a_redis_store_or_when_switched_off(redis_url):
 def test_a_redis_cluster_carries_the_bus_on_a_shard_channel(redis_cluster_url):
     async def main():
         pub, sub_store = RedisStore(redis_cluster_url), RedisStore(redis_cluster_url)
-        sub = sub_store.record_subscription()
+        sub = sub_store.records().subscription()
         try:
             await sub.start()
             data = encode_batch("s", 1, 0.1, [("e0", "k", 16, (1,))])[0]
             got = None
             for _ in range(20):                      # a subscription may need a moment to take
-                assert await pub.publish_records(data) >= 0
+                assert await pub.records().publish(data) >= 0
                 got = await sub.get(timeout=0.5)
                 if got is not None:
                     break
