@@ -26,6 +26,15 @@ Environment variables (flags override them):
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
   CACHEROUTE_TELEMETRY_CAPACITY (100000)    buffered arrivals before new ones are dropped
   CACHEROUTE_MAX_BATCH (10000)              RouteBatch requests per call
+  CACHEROUTE_RECORD_BUS (1)                 1: the record bus (services/dispatcher/recordbus.py): every --record-interval
+                                            the dispatcher (each worker) publishes what it routed over --redis
+                                            (pub/sub, channel cr:{records}:bus) and feeds its peers' routes into
+                                            its cold-home record and key memory; the share gate then counts the
+                                            live peers' open streams. Off without --redis. 0 = off
+  CACHEROUTE_RECORD_INTERVAL (0.1)          seconds between two batches (well under the 0.25 s stats poll;
+                                            docs/experiments.md, "The record bus between live dispatchers")
+  CACHEROUTE_RECORD_BATCH_MAX (4096)        routed requests per batch (and accepted per received batch);
+                                            more in one interval are dropped and counted
   CACHEROUTE_CALLER_TELEMETRY_RATE (100)    Route/RouteBatch arrivals per second one caller (tenant, else
                                             peer host) may add to the planner's input; 0 = no bound
                                             (services/dispatcher/budget.py). Generate arrivals count once served.
@@ -84,6 +93,7 @@ from services.auth import engine_keys, keyring
 from services.backends import KINDS, parse_endpoint
 from services.dispatcher.budget import SCOPES, BudgetConfig
 from services.dispatcher.http import HttpConfig
+from services.dispatcher.recordbus import DEFAULT_BATCH_MAX, DEFAULT_INTERVAL
 from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.servicer import KeyRules
 from services.dispatcher.workers import WorkersConfig, resolve_workers, supervise
@@ -113,6 +123,12 @@ def add_dispatcher_flags(parser: argparse.ArgumentParser) -> None:
     flag(g, "--telemetry-interval", env="TELEMETRY_INTERVAL", default=0.5, type=float, help="arrival flush period, seconds")
     flag(g, "--telemetry-capacity", env="TELEMETRY_CAPACITY", default=100000, type=int, help="buffered arrivals")
     flag(g, "--max-batch", env="MAX_BATCH", default=10000, type=int, help="RouteBatch requests per call")
+    flag(g, "--record-bus", env="RECORD_BUS", default=1, type=int, choices=(0, 1),
+         help="1: exchange routed requests with the other dispatchers over --redis (services/dispatcher/recordbus.py)")
+    flag(g, "--record-interval", env="RECORD_INTERVAL", default=DEFAULT_INTERVAL, type=float,
+         help="seconds between two record-bus batches")
+    flag(g, "--record-batch-max", env="RECORD_BATCH_MAX", default=DEFAULT_BATCH_MAX, type=int,
+         help="routed requests per record-bus batch, the rest dropped and counted")
     flag(g, "--seed", env="SEED", default=None, type=int, shown="random", help="P2C seed")
     flag(g, "--caller-telemetry-rate", env="CALLER_TELEMETRY_RATE", default=100.0, type=float,
          help="Route/RouteBatch arrivals/s one caller may add to the planner's input, 0 = unbounded")
@@ -193,6 +209,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--key-blocks and --key-tokens must be >= 1")
     if not (0 < args.poll_timeout and 0 < args.poll_interval):
         raise ValueError("--poll-interval and --poll-timeout must be > 0")
+    if not 0 < args.record_interval <= 60 or args.record_batch_max < 1:
+        raise ValueError("--record-interval must be in (0, 60] seconds and --record-batch-max >= 1")
     if args.eject_after < 1 or not 0.0 <= args.max_ejected_fraction <= 1.0 or not args.connect_timeout > 0 \
             or not args.first_byte_timeout > 0 or args.max_tenant_requests < 0 or not args.client_write_timeout > 0:
         raise ValueError("--eject-after must be >= 1, --max-ejected-fraction in [0, 1], --connect-timeout, "
@@ -233,7 +251,8 @@ def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
         seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
         budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring, engine_keys=keys,
-        ext_proc_port=args.ext_proc_port, uvloop=bool(args.uvloop))
+        ext_proc_port=args.ext_proc_port, uvloop=bool(args.uvloop),
+        record_bus=bool(args.record_bus), record_interval=args.record_interval, record_batch_max=args.record_batch_max)
 
 
 def _replicas(args: argparse.Namespace) -> tuple:

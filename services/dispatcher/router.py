@@ -46,6 +46,13 @@ second at the monitor's default 0.25 s interval. Reason: one sample compares str
 engine counts up to a poll old, so it is off by the requests started within one poll interval;
 averaging over a few intervals removes that lag, and a second is far shorter than a tier's
 membership changes (a rolling restart: tens of seconds). 1.0 until the first such poll.
+With the record bus on (services/dispatcher/recordbus.py) the share is the record's coverage: the
+numerator adds `peer_outstanding`, the latest open-stream counts of the live peers whose routes
+this record also holds, and a peer's streams are evidence too; with it off that term is 0.
+
+Record bus hook: while `routes_out` is a list (the bus sets it and swaps it out every interval),
+`route` and `route_many` append (slot, key, prompt tokens, blocks) for each routed request, up to
+`routes_cap` per interval; beyond it `routes_dropped` counts (routing never waits on the bus).
 
 Hot path: `route(key)` does one policy pick, a few list updates and one append to a
 bounded telemetry buffer; no allocation beyond the tuple it appends.
@@ -132,6 +139,11 @@ class Router:
         self.telemetry_capped = 0                    # arrivals left out: their caller was over its budget
         self._probe = _Probe()
         self._rng = random.Random(seed)              # which arrivals of a capped batch are reported
+        # the record bus (module header): None = off
+        self.routes_out: list[tuple[int, str, int, Sequence[int]]] | None = None
+        self.routes_cap = 0
+        self.routes_dropped = 0
+        self.peer_outstanding = 0                    # live peers' open streams, as last reported
 
     # ------------------------------------------------------------ the decision
 
@@ -172,6 +184,12 @@ class Router:
         self.counts[pick.reason] += 1
         if report:
             self.record_arrival(key, now, prompt_tokens, prefix_tokens, blocks, replica=i)
+        out = self.routes_out
+        if out is not None:
+            if len(out) < self.routes_cap:
+                out.append((i, key, prompt_tokens, blocks))
+            else:
+                self.routes_dropped += 1
         return pick
 
     def record_arrival(self, key: str, now: float, prompt_tokens: int = 0, prefix_tokens: int = 0,
@@ -198,6 +216,7 @@ class Router:
         buf, room = self.telemetry, self.telemetry_capacity - len(self.telemetry)
         sample = None if report is None else set(self._rng.sample(range(report[1]), min(report)))
         out: list[Pick] = []
+        bus, bus_room = self.routes_out, self.routes_cap - len(self.routes_out or ())
         probe.blocks, probe.output_tokens = (), 0
         for n, (key, prompt_tokens, prefix_tokens) in enumerate(requests):
             probe.key = key
@@ -218,6 +237,12 @@ class Router:
                 room -= 1
             else:
                 self.telemetry_dropped += 1
+            if bus is not None:
+                if bus_room > 0:
+                    bus.append((i, key, prompt_tokens, ()))
+                    bus_room -= 1
+                else:
+                    self.routes_dropped += 1
             out.append(p)
         return out
 
@@ -312,9 +337,10 @@ class Router:
     def _observe_share(self) -> None:
         """One EWMA step of ClusterState.share (module header), when there is evidence."""
         load = sum(self.engine_load)
-        if load <= 0 or not self.streams:
+        peers = self.peer_outstanding
+        if load <= 0 or not (self.streams or peers):
             return
-        sample = min(1.0, sum(self.outstanding) / load)
+        sample = min(1.0, (sum(self.outstanding) + peers) / load)
         state = self.state
         state.share += (sample - state.share) / (SHARE_ROUNDS * len(self.replicas))
 

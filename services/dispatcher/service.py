@@ -19,6 +19,7 @@ from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.http import HttpApi, HttpConfig
 from services.dispatcher.monitor import Ejection, ReplicaMonitor
 from services.dispatcher.plans import EngineFeed, PlanFeed
+from services.dispatcher.recordbus import DEFAULT_BATCH_MAX, DEFAULT_INTERVAL, RecordBus, RecordBusMetrics, sender_id
 from services.dispatcher.router import Router
 from services.dispatcher.servicer import DispatcherServicer, KeyRules
 from services.dispatcher.telemetry import ArrivalReporter
@@ -59,6 +60,10 @@ class DispatcherConfig:
     worker_index: int | None = None    # set in a worker the supervisor started
     ext_proc_port: int = -1            # Envoy ext_proc endpoint picker (services/dispatcher/extproc.py): -1 off, 0 ephemeral
     uvloop: bool = True                # the process's event loop is uvloop's (services.rpc.loops.use_uvloop)
+    # the record bus between dispatchers (services/dispatcher/recordbus.py); on only with a Redis store
+    record_bus: bool = True
+    record_interval: float = DEFAULT_INTERVAL
+    record_batch_max: int = DEFAULT_BATCH_MAX
 
 
 class RouterMetrics:
@@ -145,6 +150,9 @@ class DispatcherService:
                                          token=config.server.auth_token, settle=settle)
                          if config.collector else None)
         self._settling = None              # no collector: the deferred arrivals are settled on a task of their own
+        self.bus = (RecordBus(self.router, self.store, sender_id(config.dispatcher_id),
+                              interval=config.record_interval, batch_max=config.record_batch_max)
+                    if config.record_bus and self.store is not None else None)
         self.running: RunningServer | None = None
         self.http: HttpApi | None = None
         self.ext_proc = None               # grpc.aio.Server of the endpoint picker, when on
@@ -165,6 +173,9 @@ class DispatcherService:
         await self.engine_feed.start()
         metrics = RpcMetrics("dispatcher")
         metrics.registry.register(RouterMetrics(self.router))
+        if self.bus is not None:
+            metrics.registry.register(RecordBusMetrics(self.bus))
+            await self.bus.start()
         ring = data_plane_keys(self.config)
         self.dispatcher = Dispatcher(self.router, self.monitor, self.usage, metrics.registry,
                                      hold_limit=self.config.hold_limit, budget=self.budget, deferred=self.arrivals)
@@ -206,6 +217,8 @@ class DispatcherService:
             await self.http.stop()
         if self.ext_proc is not None:
             await self.ext_proc.stop(grace)
+        if self.bus is not None:
+            await self.bus.stop()
         await self.engine_feed.stop()
         await self.feed.stop()
         if self.reporter is not None:

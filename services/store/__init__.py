@@ -8,6 +8,7 @@ planner lease. The only code that knows Redis.
   redis.py         `RedisStore` (one node or a Redis Cluster)
   connect.py       Redis URLs (redis://, redis+cluster://, ...) -> redis-py clients, sync and asyncio
   window_cache.py  the Redis store's cache of per-bucket window sums
+  records.py       the record bus's pub/sub transport between dispatchers (RedisStore.records())
   memory.py        `MemoryStore`, the in-process twin
   config.py        `TelemetryConfig`, the store flags
   factory.py       `open_store` (memory:// or Redis)

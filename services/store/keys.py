@@ -59,6 +59,11 @@ class Keys:
         lease, fence, events or engines (the engine set, services.core.engines)."""
         return f"{self.prefix}:{{plans}}:{name}"
 
+    def records(self) -> str:
+        """The record bus's pub/sub channel (services/dispatcher/recordbus.py; no key is stored).
+        Its own hash tag: in a Redis Cluster it is a shard channel owned by one slot's node."""
+        return f"{self.prefix}:{{records}}:bus"
+
 
 # ---------------------------------------------------------------------------------------------
 # cache-counter fields: "replica|p", "replica|c", "replica|r", "replica|f", "replica|o"

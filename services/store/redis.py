@@ -70,6 +70,7 @@ from services.store.keys import (
     summary_of,
     unseal_blob,
 )
+from services.store.records import RecordChannel
 from services.store.window_cache import BucketCache
 
 
@@ -576,6 +577,11 @@ class RedisStore(Store):
     def subscribe(self) -> "Subscription":
         return _RedisSubscription(self)
 
+    # ---- the record bus between dispatchers (services/store/records.py)
+
+    def records(self) -> RecordChannel:
+        return RecordChannel(self)
+
     # ---- the engine set
 
     async def get_engine_set(self):
@@ -670,3 +676,4 @@ class _RedisSubscription(Subscription):
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()
             self._pubsub = None
+

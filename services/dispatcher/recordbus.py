@@ -1,0 +1,371 @@
+"""The record bus: live dispatchers tell each other what they routed (issue 23, the cold-home
+rule in a tier).
+
+Why. The cacheroute policy's cold-home rule reads a per-router *record* of what it routed to each
+replica (services/core/policies/_caches.py). In a tier of N routers each record sees 1/N of the
+traffic and cannot tell "evicted" from "put there by a peer", so the share gate switches the rule
+off. With the bus every router's record (and its cold-tail key memory) also holds its peers'
+routes, and the share gate reads the record's coverage instead of this router's own fraction.
+
+Rule.
+- Send: `Router.route` / `route_many` append (slot, key, prompt tokens, block hashes) to
+  `Router.routes_out` (at most `batch_max` per interval; beyond it dropped and counted, routing
+  never waits). Every `interval` seconds the buffer is swapped out and published as one batch:
+  sender id, the sender's open streams (sum of `Router.outstanding`), its interval, the entries;
+  entries past MAX_BATCH_BYTES are dropped and counted. A batch is published every interval,
+  empty or not, so it is also the sender's heartbeat.
+- Receive: one subscription; a batch from this sender is ignored; a bad one (not this codec,
+  malformed, over MAX_BATCH_BYTES or `batch_max` entries) is dropped whole and counted; an entry
+  naming a replica id this router does not have is skipped and counted. The rest go to the active
+  policy's `observe(slot, Request, state=router.state)` (services/core/policies/cacheroute.py),
+  RECEIVE_CHUNK entries per event-loop step, so a large batch never stalls routing. A plan
+  install swaps the policy but `carry_memory` carries the record over.
+- Share: `Router.peer_outstanding` = sum of the latest count of each live peer; a peer is live
+  for PEER_EXPIRY (3) of its own intervals after its last batch (one lost message does not drop
+  it; a stopped peer leaves within ~0.3 s). Updated on every batch and every send tick.
+
+Transport: Redis pub/sub on the store's channel `{prefix}:{records}:bus` (services/store/keys.py),
+through the dispatcher's own RedisStore connection config: PUBLISH / SUBSCRIBE on one node,
+SPUBLISH / SSUBSCRIBE in a Redis Cluster (a shard channel: one shard carries it, not every node;
+services/store/records.py). Pub/sub is fire-and-forget: a router that is disconnected loses those
+batches (its record is a soft estimate; it reconnects with a backoff) and Redis drops a subscriber
+whose output buffer passes its pub/sub limit (32 MB by default; a batch is at most 1 MiB).
+Without a Redis store (an embedded dispatcher, the in-memory store) there is no bus.
+
+Knobs (defaults and their rules: docs/experiments.md, "The record bus between live dispatchers"):
+`interval` 0.1 s (well under the 0.25 s stats poll: peers' routes are known before the engines'
+loads are), `batch_max` 4096 entries (above one process's routing rate per interval).
+
+Codec (`encode_batch` / `decode_batch`): MAGIC, a 4-byte little-endian header length, an orjson
+header {"s": sender, "o": outstanding, "i": interval, "r": [replica ids], "e": [[replica index
+into r, key, prompt tokens, block count], ...]}, then every entry's block hashes as one
+little-endian uint64 array in entry order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import struct
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import orjson
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from services.core.request import Request
+from services.errors import Unavailable
+from services.model import MAX_KEY_BYTES
+from services.rpc import kv
+
+log = logging.getLogger("cacheroute.dispatcher.recordbus")
+
+MAGIC = b"CRB1"
+MAX_BATCH_BYTES = 1 << 20        # one message, both ends (docs/experiments.md)
+MAX_SENDER = 200                 # characters of a sender id
+DEFAULT_INTERVAL = 0.1
+DEFAULT_BATCH_MAX = 4096
+PEER_EXPIRY = 3                  # a peer's own intervals without a batch, then it is not live
+RECEIVE_CHUNK = 256              # entries observed per event-loop step
+_HEAD = struct.Struct("<I")
+
+
+class BadBatch(ValueError):
+    """Bytes that are not a valid record batch; `reason` is the metric label."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    replica: str
+    key: str
+    prompt_tokens: int
+    blocks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    sender: str
+    outstanding: int
+    interval: float
+    entries: tuple[Entry, ...]
+
+
+def encode_batch(sender: str, outstanding: int, interval: float, entries: Sequence[tuple[str, str, int, Sequence[int]]],
+                 *, max_bytes: int = MAX_BATCH_BYTES) -> tuple[bytes, int]:
+    """(message, entries left out): the entries (replica id, key, prompt tokens, blocks) in order
+    while the message stays within `max_bytes`; the rest are left out (counted by the caller)."""
+    ids: dict[str, int] = {}
+    rows: list[list] = []
+    blocks: list[int] = []
+    size = len(MAGIC) + _HEAD.size + 64 + len(sender.encode())
+    for n, (replica, key, tokens, chain) in enumerate(entries):
+        cost = 8 * len(chain) + len(key.encode()) + 24 + (0 if replica in ids else len(replica) + 4)
+        if size + cost > max_bytes:
+            return _pack(sender, outstanding, interval, ids, rows, blocks), len(entries) - n
+        size += cost
+        r = ids.setdefault(replica, len(ids))
+        rows.append([r, key, int(tokens), len(chain)])
+        blocks.extend(chain)
+    return _pack(sender, outstanding, interval, ids, rows, blocks), 0
+
+
+def _pack(sender: str, outstanding: int, interval: float, ids: dict[str, int], rows: list, blocks: list[int]) -> bytes:
+    head = orjson.dumps({"s": sender, "o": int(outstanding), "i": float(interval), "r": list(ids), "e": rows})
+    tail = np.array(blocks, dtype="<u8").tobytes() if blocks else b""
+    return b"".join((MAGIC, _HEAD.pack(len(head)), head, tail))
+
+
+def decode_batch(data: bytes, *, max_entries: int = DEFAULT_BATCH_MAX, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
+    """The batch in `data`; BadBatch (reason "oversize" or "garbage") for anything else."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise BadBatch("garbage", f"not bytes: {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise BadBatch("oversize", f"{len(data)} bytes > {max_bytes}")
+    if len(data) < len(MAGIC) + _HEAD.size or bytes(data[:len(MAGIC)]) != MAGIC:
+        raise BadBatch("garbage", "no record-batch magic")
+    (n,) = _HEAD.unpack_from(data, len(MAGIC))
+    start = len(MAGIC) + _HEAD.size
+    if n > len(data) - start:
+        raise BadBatch("garbage", "header longer than the message")
+    try:
+        head = orjson.loads(bytes(data[start:start + n]))
+    except orjson.JSONDecodeError:
+        raise BadBatch("garbage", "header is not JSON") from None
+    if not isinstance(head, dict):
+        raise BadBatch("garbage", "header is not an object")
+    sender, outstanding, interval, ids, rows = (head.get(k) for k in ("s", "o", "i", "r", "e"))
+    if not isinstance(sender, str) or not 0 < len(sender) <= MAX_SENDER:
+        raise BadBatch("garbage", "bad sender id")
+    if type(outstanding) is not int or outstanding < 0:
+        raise BadBatch("garbage", "bad outstanding count")
+    if type(interval) not in (int, float) or not 0 < interval <= 60:
+        raise BadBatch("garbage", "bad interval")
+    if not isinstance(ids, list) or not all(isinstance(r, str) for r in ids):
+        raise BadBatch("garbage", "bad replica ids")
+    if not isinstance(rows, list):
+        raise BadBatch("garbage", "bad entries")
+    if len(rows) > max_entries:
+        raise BadBatch("oversize", f"{len(rows)} entries > {max_entries}")
+    tail = memoryview(data)[start + n:]
+    if len(tail) % 8:
+        raise BadBatch("garbage", "block array is not whole uint64s")
+    hashes = np.frombuffer(tail, dtype="<u8").tolist()
+    entries, at = [], 0
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 4 and type(row[0]) is int and 0 <= row[0] < len(ids)
+                and isinstance(row[1], str) and 0 < len(row[1]) and len(row[1].encode()) <= MAX_KEY_BYTES
+                and type(row[2]) is int and row[2] >= 0 and type(row[3]) is int and row[3] >= 0):
+            raise BadBatch("garbage", "bad entry")
+        end = at + row[3]
+        if end > len(hashes):
+            raise BadBatch("garbage", "entries name more blocks than the message holds")
+        entries.append(Entry(ids[row[0]], row[1], row[2], tuple(hashes[at:end])))
+        at = end
+    if at != len(hashes):
+        raise BadBatch("garbage", "blocks left over after the entries")
+    return Batch(sender, outstanding, float(interval), tuple(entries))
+
+
+def sender_id(dispatcher_id: str) -> str:
+    """This process's id on the bus: the dispatcher id (workers: ID/wI) and a boot nonce, so two
+    dispatchers left at the default id, or a restarted one, are never taken for each other."""
+    return f"{dispatcher_id[:MAX_SENDER - 20]}#{os.getpid()}.{secrets.token_hex(3)}"
+
+
+class RecordBus:
+    """One router's end of the bus: `await start()`, then `await stop()` (module header)."""
+
+    def __init__(self, router, store, sender: str, *, interval: float = DEFAULT_INTERVAL,
+                 batch_max: int = DEFAULT_BATCH_MAX) -> None:
+        if not 0 < interval <= 60:
+            raise ValueError(f"record interval must be in (0, 60] seconds, got {interval!r}")
+        if batch_max < 1:
+            raise ValueError(f"record batch max must be >= 1, got {batch_max!r}")
+        self.router = router
+        self.channel = store.records() if store is not None else None   # RedisStore.records()
+        self.sender = sender
+        self.interval = interval
+        self.batch_max = batch_max
+        self.peers: dict[str, tuple[float, int, float]] = {}   # sender -> (last seen, outstanding, its interval)
+        self.published = [0, 0]          # batches, entries
+        self.received = [0, 0]           # batches from peers, entries observed
+        self.dropped: dict[str, int] = {"cap": 0, "bytes": 0, "garbage": 0, "oversize": 0, "unknown_replica": 0,
+                                        "publish_failed": 0}
+        self.own = 0                     # own batches heard back (the subscription works)
+        self._tasks: list[asyncio.Task] = []
+        self._sub = None
+        self._stopping = False
+        self._warned: dict[str, float] = {}
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> "RecordBus":
+        self.router.routes_cap = self.batch_max
+        self.router.routes_out = []
+        self._tasks = [asyncio.create_task(self._send_loop(), name="record-bus-send"),
+                       asyncio.create_task(self._receive_loop(), name="record-bus-receive")]
+        log.info("record bus on", extra=kv(sender=self.sender, channel=self.channel.name,
+                                           interval=self.interval, batch_max=self.batch_max))
+        return self
+
+    async def stop(self) -> None:
+        """Cancel the loops, publish what is buffered (best effort, one store timeout), unsubscribe."""
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.flush(), timeout=1.0)
+        self.router.routes_out = None
+        if self._sub is not None:
+            await self._sub.close()
+            self._sub = None
+        log.info("record bus stopped", extra=kv(sender=self.sender, published=self.published[0],
+                                                received=self.received[0], peers=len(self.peers)))
+
+    # ------------------------------------------------------------ send
+
+    async def flush(self) -> None:
+        """Publish the buffered routes as one batch (also a heartbeat when empty)."""
+        r = self.router
+        buf = r.routes_out
+        if buf is None:
+            return
+        r.routes_out = [] if not self._stopping else None
+        if r.routes_dropped:
+            self.dropped["cap"] += r.routes_dropped
+            r.routes_dropped = 0
+        ids = r.ids
+        data, left = encode_batch(self.sender, sum(r.outstanding), self.interval,
+                                  [(ids[i], key, tokens, blocks) for i, key, tokens, blocks in buf])
+        self.dropped["bytes"] += left
+        try:
+            await self.channel.publish(data)
+        except Unavailable as exc:
+            self.dropped["publish_failed"] += len(buf) - left
+            self._warn("publish", str(exc))
+            return
+        self.published[0] += 1
+        self.published[1] += len(buf) - left
+
+    async def _send_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += self.interval
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            if loop.time() - next_at > self.interval:
+                next_at = loop.time()            # fell behind (a stalled loop): do not burst to catch up
+            await self.flush()
+            self.expire(time.monotonic())
+
+    # ------------------------------------------------------------ receive
+
+    async def _receive_loop(self) -> None:
+        backoff = self.interval
+        while True:
+            try:
+                if self._sub is None:
+                    self._sub = self.channel.subscription()
+                    await self._sub.start()
+                    backoff = self.interval
+                data = await self._sub.get(timeout=1.0)
+            except Unavailable as exc:
+                self._warn("subscribe", str(exc))
+                if self._sub is not None:
+                    await self._sub.close()
+                    self._sub = None
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+                continue
+            if data is not None:
+                await self.handle(data, time.monotonic())
+
+    async def handle(self, data: bytes, now: float) -> None:
+        """One message off the channel (module header, "Receive")."""
+        try:
+            batch = decode_batch(data, max_entries=self.batch_max)
+        except BadBatch as exc:
+            self.dropped[exc.reason] += 1
+            self._warn(exc.reason, str(exc))
+            return
+        if batch.sender == self.sender:
+            self.own += 1
+            return
+        self.received[0] += 1
+        self.peers[batch.sender] = (now, batch.outstanding, batch.interval)
+        self.expire(now)
+        r = self.router
+        entries = batch.entries
+        for start in range(0, len(entries), RECEIVE_CHUNK):
+            if start:
+                await asyncio.sleep(0)           # let requests in between chunks
+            observe = getattr(r.policy, "observe", None)    # re-read: a plan install may have swapped it
+            if observe is None:
+                return
+            state = r.state
+            for e in entries[start:start + RECEIVE_CHUNK]:
+                try:
+                    i = r.index_of(e.replica)
+                except KeyError:
+                    self.dropped["unknown_replica"] += 1
+                    continue
+                observe(i, Request(0, 0.0, e.key, e.prompt_tokens, 0, e.blocks), state)
+                self.received[1] += 1
+
+    def expire(self, now: float) -> None:
+        """Forget peers silent for PEER_EXPIRY of their intervals; set Router.peer_outstanding."""
+        peers = self.peers
+        for sender in [s for s, (seen, _, every) in peers.items() if now - seen > PEER_EXPIRY * every]:
+            del peers[sender]
+        self.router.peer_outstanding = sum(o for _, o, _ in peers.values())
+
+    def _warn(self, what: str, detail: str) -> None:
+        """A warning per kind at most every 10 s (a Redis outage must not flood the log)."""
+        now = time.monotonic()
+        if now - self._warned.get(what, -1e9) >= 10.0:
+            self._warned[what] = now
+            log.warning("record bus: %s", what, extra=kv(sender=self.sender, detail=detail[:200],
+                                                         dropped=sum(self.dropped.values())))
+
+
+class RecordBusMetrics:
+    """Prometheus view of the bus, read at scrape time."""
+
+    def __init__(self, bus: RecordBus) -> None:
+        self.bus = bus
+
+    def collect(self):
+        b = self.bus
+        batches = CounterMetricFamily("cacheroute_dispatcher_record_batches", "record-bus batches, by direction",
+                                      labels=["direction"])
+        entries = CounterMetricFamily("cacheroute_dispatcher_record_entries",
+                                      "record-bus entries published, and received into this router's record",
+                                      labels=["direction"])
+        for name, (nb, ne) in (("published", b.published), ("received", b.received)):
+            batches.add_metric([name], nb)
+            entries.add_metric([name], ne)
+        yield batches
+        yield entries
+        dropped = CounterMetricFamily("cacheroute_dispatcher_record_dropped",
+                                      "record-bus losses: entries (cap, bytes, unknown_replica, publish_failed) or "
+                                      "whole received batches (garbage, oversize)", labels=["reason"])
+        for reason, n in b.dropped.items():
+            dropped.add_metric([reason], n)
+        yield dropped
+        yield GaugeMetricFamily("cacheroute_dispatcher_record_peers", "live peers on the record bus", len(b.peers))
+        yield GaugeMetricFamily("cacheroute_dispatcher_record_peer_outstanding",
+                                "open streams the live peers last reported (the share's peer term)",
+                                b.router.peer_outstanding)

@@ -1,0 +1,65 @@
+"""The record bus's transport (services/dispatcher/recordbus.py): opaque batches between
+dispatchers on the pub/sub channel `Keys.records()` (`{prefix}:{records}:bus`; nothing stored).
+
+One node: PUBLISH / SUBSCRIBE (any Redis version). A Redis Cluster: SPUBLISH / SSUBSCRIBE (Redis
+7.0+; redis-py's ClusterPubSub routes them to the node owning the channel's slot), so a batch
+travels to one shard instead of being broadcast over the cluster bus to every node.
+`RedisStore.records()` is a `RecordChannel` on the store's own connection and errors (Unavailable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+class RecordChannel:
+    """`await publish(blob)` (the number of subscribers that received it) and `subscription()`."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.name = store.keys.records()
+
+    async def publish(self, blob: bytes) -> int:
+        async with self.store._guard():
+            if self.store._cluster:
+                return int(await self.store._redis.spublish(self.name, blob))
+            return int(await self.store._redis.publish(self.name, blob))
+
+    def subscription(self) -> "RecordSubscription":
+        return RecordSubscription(self.store)
+
+
+class RecordSubscription:
+    """The record bus's messages as raw bytes: `await start()`, `await get(timeout)` (None after
+    `timeout` seconds without one), `await close()`. Errors are Unavailable, as every store call's."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.channel = store.keys.records()
+        self._pubsub = None
+
+    async def start(self) -> None:
+        async with self.store._guard():
+            self._pubsub = self.store._redis.pubsub(ignore_subscribe_messages=True)
+            if self.store._cluster:
+                await self._pubsub.ssubscribe(self.channel)
+            else:
+                await self._pubsub.subscribe(self.channel)
+
+    async def get(self, timeout: float) -> bytes | None:
+        if self._pubsub is None:
+            await self.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        read = self._pubsub.get_sharded_message if self.store._cluster else self._pubsub.get_message
+        async with self.store._guard():
+            while (left := deadline - loop.time()) > 0:
+                msg = await read(timeout=left)
+                if msg is not None and msg.get("type") in ("message", "smessage", b"message", b"smessage"):
+                    return msg["data"]
+        return None
+
+    async def close(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+            self._pubsub = None
