@@ -60,8 +60,9 @@ class DispatcherConfig:
     worker_index: int | None = None    # set in a worker the supervisor started
     ext_proc_port: int = -1            # Envoy ext_proc endpoint picker (services/dispatcher/extproc.py): -1 off, 0 ephemeral
     uvloop: bool = True                # the process's event loop is uvloop's (services.rpc.loops.use_uvloop)
-    # the record bus between dispatchers (services/dispatcher/recordbus.py); on only with a Redis store
-    record_bus: bool = True
+    # the record bus between dispatchers (services/dispatcher/recordbus.py); only with a Redis store.
+    # Off by default until a live tier measures it (docs/experiments.md, "The record bus ...")
+    record_bus: bool = False
     record_interval: float = DEFAULT_INTERVAL
     record_batch_max: int = DEFAULT_BATCH_MAX
 

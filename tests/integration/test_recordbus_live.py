@@ -38,8 +38,8 @@ def blocks_request(key: str, tag: int, n: int = 24, max_tokens: int = 2) -> engi
 
 
 async def pair(fleet: EngineFleet, redis_url: str, **kw) -> tuple[DispatcherService, DispatcherService]:
-    a = await serve(dispatcher_config(fleet, redis_url=redis_url, dispatcher_id="a", seed=1, **kw))
-    b = await serve(dispatcher_config(fleet, redis_url=redis_url, dispatcher_id="b", seed=2, **kw))
+    a = await serve(dispatcher_config(fleet, redis_url=redis_url, dispatcher_id="a", seed=1, record_bus=True, **kw))
+    b = await serve(dispatcher_config(fleet, redis_url=redis_url, dispatcher_id="b", seed=2, record_bus=True, **kw))
     ready = lambda d: all(d.router.state.healthy) and all(d.router.state.kv_blocks)   # noqa: E731
     await wait_until(lambda: ready(a) and ready(b))
     await wait_until(lambda: a.bus.peers and b.bus.peers)          # each has heard the other's heartbeat
@@ -148,13 +148,13 @@ def test_bad_messages_are_dropped_and_counted_and_the_bus_keeps_working(redis_ur
     asyncio.run(main())
 
 
-def test_no_bus_without_a_redis_store_or_when_switched_off(redis_url):
+def test_no_bus_without_a_redis_store_or_by_default(redis_url):
     async def main():
         fleet = await EngineFleet(2, time_scale=0.01).start()
         try:
-            alone = DispatcherService(dispatcher_config(fleet))
-            off = DispatcherService(dispatcher_config(fleet, redis_url=redis_url, record_bus=False))
-            on = DispatcherService(dispatcher_config(fleet, redis_url=redis_url))
+            alone = DispatcherService(dispatcher_config(fleet, record_bus=True))
+            off = DispatcherService(dispatcher_config(fleet, redis_url=redis_url))          # the default
+            on = DispatcherService(dispatcher_config(fleet, redis_url=redis_url, record_bus=True))
             assert alone.bus is None and off.bus is None and on.bus is not None
             await alone.start()
             try:
@@ -205,7 +205,8 @@ def procs(tmp_path):
 def test_two_worker_processes_are_peers_and_stop_on_sigterm(procs: Procs, redis_url):
     engine = procs.start("engine", "engine-1", ["--replica-id", "engine-1", "--time-scale", "0.01"])
     sup = procs.start("dispatcher", "d1", ["--replicas", f"engine-1={engine.address}", "--workers", "2",
-                                           "--http-port", "-1", "--poll-interval", "0.1", "--redis", redis_url],
+                                           "--http-port", "-1", "--poll-interval", "0.1", "--redis", redis_url,
+                                           "--record-bus", "1"],
                       timeout=60)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
