@@ -57,3 +57,22 @@ def test_a_cold_key_follows_a_peers_latest_replica():
     other = (owner + 1) % R
     p.observe(other, request("k", blocks(7)), s)
     assert p.pick(request("k", blocks(7)), s) == (other, Reason.COLD)
+
+
+def test_a_keyed_request_under_one_block_never_leaves_its_home():
+    """Recorded by key (no block hashes: the HTTP API, Route calls): a request with less than one
+    block of prompt caches nothing, so an "evicted" home costs it nothing and it stays planned (a
+    Route call carries 0 prompt tokens; the e2e activation test routes those)."""
+    from services.core.request import Request
+
+    def keyed(key, tokens):
+        return Request(rid=0, arrival=0.0, key=key, prompt_tokens=tokens, output_tokens=1)
+
+    for tokens, stays in ((0, True), (15, True), (4000, False)):
+        p, s = planned(), cluster()
+        assert p.pick(keyed("a", 4000), s) == (2, Reason.PLANNED)
+        for key in ("b", "c", "d"):
+            p.observe(2, keyed(key, 20000), s)     # a peer fills home: "a" evicted from the record
+        s.prefill_tokens[2] = 6000
+        pick = p.pick(keyed("a", tokens), s)
+        assert (pick == (2, Reason.PLANNED)) == stays, (tokens, pick)

@@ -346,6 +346,8 @@ class CacheRoutePolicy(PrefixRules):
             kind = type(self._index) if self._index is not None else BlockLRU if request.blocks else KeyLRU
             mode = "keys" if kind is KeyLRU else mode
         if mode == "keys":
+            if request.prompt_tokens < BLOCK_TOKENS:
+                return None     # under one block: nothing an engine caches, so nothing to go after
             index = self._lru(state, KeyLRU)
             return None if index is None else (lambda r: index.holds(r, request.key))
         pre = request.prefix_tokens // BLOCK_TOKENS
