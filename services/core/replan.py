@@ -99,7 +99,7 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     cold_load = exact_sum(rate_arr[cold]) / R
     lam, k = rate_arr[chosen], sizes[chosen]
     # the balance yardstick: LPT from scratch over the same admitted keys (build_plan's loads)
-    scratch_imbalance = imbalance(place_lpt(lam.tolist(), k.tolist(), R, cold_load, rows=False)[1])
+    scratch_imbalance = imbalance(place_lpt(lam, k, R, cold_load, rows=False)[1])
     order = [keys[i] for i in chosen.tolist()]
 
     # the active plan's keys by position in this window: the one pass by dict of the interval
