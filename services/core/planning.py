@@ -57,9 +57,10 @@ from services.core.plan import Plan
 
 
 def check_inputs(keys: Sequence[str], rates: np.ndarray, replica_ids: Sequence[str], q_cap: float,
-                 warm_slots: int, *, index: bool = False) -> dict[str, int] | None:
+                 warm_slots: int, *, index: bool = False, distinct: bool = False) -> dict[str, int] | None:
     """Raise ValueError (one line) for inputs the planner cannot use. `index`: return
-    key -> position, the dict that checks the keys are distinct (the same pass as a set)."""
+    key -> position, the dict that checks the keys are distinct (the same pass as a set).
+    `distinct`: the caller has shown the keys distinct (distinct store ids), so no set is built."""
     if len(replica_ids) < 1:
         raise ValueError("need at least one replica (R >= 1)")
     if len(set(replica_ids)) != len(replica_ids):
@@ -75,6 +76,10 @@ def check_inputs(keys: Sequence[str], rates: np.ndarray, replica_ids: Sequence[s
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"rate of key {keys[i]!r} must be finite and >= 0, got {rates[i]!r}")
+    if distinct and not index:
+        if "" in keys:
+            raise ValueError("empty key")
+        return None
     unique = dict(zip(keys, range(len(keys)))) if index else set(keys)
     if len(unique) != len(keys):
         raise ValueError(f"duplicate key {_first_duplicate(keys)!r}")

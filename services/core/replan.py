@@ -81,8 +81,11 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
                        replica_ids: Sequence[str], q_cap: float, warm_slots: int, *, version: int,
                        created_at: float = 0.0, tolerance: float = DEFAULT_TOLERANCE, max_moves: int | None = None,
                        rates_snapshot_id: str = "", window_seconds: float = 0.0,
-                       homes: Callable[[str], int] | None = None, home_rho: float = DEFAULT_HOME_RHO) -> Plan:
-    """A plan for the new rates that keeps the active plan's assignments where balance allows."""
+                       homes: Callable[[str], int] | None = None, home_rho: float = DEFAULT_HOME_RHO,
+                       key_ids: np.ndarray | None = None, key_space: str = "") -> Plan:
+    """A plan for the new rates that keeps the active plan's assignments where balance allows.
+    `key_ids`, `key_space`: the store's id of each key (RatesSnapshot.key_ids); with them the
+    active plan's keys are found by id when its layout recorded ids of the same space."""
     if not math.isfinite(tolerance) or tolerance < 0:
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     if not math.isfinite(home_rho) or home_rho < 0:
@@ -90,7 +93,10 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     window = keys
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
-    index = check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots, index=True)
+    ids = _checked_ids(key_ids, len(keys)) if key_space else None
+    lay = active.layout_of()
+    by_id = ids is not None and lay is not None and lay.ids is not None and lay.key_space == key_space
+    index = check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots, index=not by_id, distinct=by_id)
     R = len(replica_ids)
     sizes = size_keys(rate_arr, q_cap, R)
     chosen = admit(keys, rate_arr, sizes, R * int(warm_slots))
@@ -102,8 +108,12 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     scratch_imbalance = imbalance(place_lpt(lam, k, R, cold_load, rows=False)[1])
     order = [keys[i] for i in chosen.tolist()]
 
-    # the active plan's keys by position in this window: the one pass by dict of the interval
-    a_pos = np.fromiter(map(index.get, active.table, repeat(-1)), dtype=np.int64, count=len(active.table))
+    # the active plan's keys by position in this window: by store id, else the one pass by dict
+    # of the interval
+    if by_id:
+        a_pos = _positions_by_id(ids, lay.ids)
+    else:
+        a_pos = np.fromiter(map(index.get, active.table, repeat(-1)), dtype=np.int64, count=len(active.table))
     anchors = _anchor_at(active, replica_ids, a_pos, chosen, len(keys))
     admitted = exact_sum(lam)
     home_floor = home_rho * float(q_cap) if homes is not None else 0.0
@@ -125,19 +135,49 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
         builder="incremental", rates_snapshot_id=rates_snapshot_id, window_seconds=float(window_seconds),
         extra={"scratch_imbalance": scratch_imbalance, "tolerance": tolerance, "moves": moves},
         churn=_churn(anchors, rows, lam, admitted),
-        layout=_layout(table, window, chosen, rows, active.table, a_pos),
+        layout=_layout(table, window, chosen, rows, active.table, a_pos, ids, key_space),
     )
     return plan
 
 
-def _layout(table, window, chosen: np.ndarray, rows: "_Rows", parent, a_pos: np.ndarray) -> TableLayout | None:
+def _checked_ids(key_ids, n: int) -> np.ndarray:
+    """The window's store ids as int64, checked: one per key, >= 0 and distinct (so the keys are)."""
+    ids = np.asarray(key_ids, dtype=np.int64) if key_ids is not None else None
+    if ids is None or ids.ndim != 1 or len(ids) != n:
+        raise ValueError(f"key_ids: need one id per key ({n}), got {None if ids is None else ids.shape}")
+    if n and int(ids.min()) < 0:
+        raise ValueError("key_ids must be >= 0")
+    if n and int(ids.max()) <= 4 * n + 1024:          # a store's ids: dense, so a bitmap
+        seen = np.zeros(int(ids.max()) + 1, dtype=bool)
+        seen[ids] = True
+        repeat_id = int(np.count_nonzero(seen)) != n
+    else:
+        s = np.sort(ids)
+        repeat_id = bool((s[1:] == s[:-1]).any())
+    if repeat_id:
+        raise ValueError("key_ids repeat an id")
+    return ids
+
+
+def _positions_by_id(ids: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
+    """Per active row (its key's id `row_ids`), the window position of the key with that id, -1
+    for none: what the dict over the window finds for the same keys."""
+    top = max(int(ids.max()) if len(ids) else -1, int(row_ids.max()) if len(row_ids) else -1)
+    at = np.full(top + 2, -1, dtype=np.int64)
+    at[ids] = np.arange(len(ids), dtype=np.int64)
+    return at[row_ids]
+
+
+def _layout(table, window, chosen: np.ndarray, rows: "_Rows", parent, a_pos: np.ndarray,
+            ids: np.ndarray | None = None, key_space: str = "") -> TableLayout | None:
     """The builder's record of `table` (services.core.plan.TableLayout); None with an empty row."""
     if (rows.one == -1).any():
         return None
-    arrays = (chosen.astype(np.int64), rows.one.copy(), a_pos)
+    arrays = (chosen.astype(np.int64), rows.one.copy(), a_pos) + ((ids[chosen],) if ids is not None else ())
     for a in arrays:
         a.flags.writeable = False
-    return TableLayout(table, window, arrays[0], arrays[1], dict(rows.multi), parent, arrays[2])
+    return TableLayout(table, window, arrays[0], arrays[1], dict(rows.multi), parent, arrays[2],
+                       ids=arrays[3] if ids is not None else None, key_space=key_space if ids is not None else "")
 
 
 def served_homes(served_at: Mapping[str, int], fallback: Callable[[str], int]) -> Callable[[str], int]:
