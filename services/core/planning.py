@@ -112,9 +112,16 @@ def size_keys(rates: np.ndarray, q_cap: float, replicas: int) -> np.ndarray:
     return np.clip(k, 1, replicas).astype(np.int64)
 
 
-def admit(keys: Sequence[str], rates: np.ndarray, sizes: np.ndarray, budget: int) -> np.ndarray:
-    """Indices of the admitted keys, in admission (= placement) order: rate desc, key asc."""
+def admit(keys: Sequence[str], rates: np.ndarray, sizes: np.ndarray, budget: int, *,
+          ordered: bool = False) -> np.ndarray:
+    """Indices of the admitted keys, in admission (= placement) order: rate desc, key asc.
+    `ordered`: the caller's keys already are in that order (a RatesSnapshot's: hottest first,
+    ties by key), so when the rates are non-increasing the order is the index order, no sort."""
     positive = int(np.count_nonzero(rates > 0))
+    if ordered and positive and bool((rates[1:positive] <= rates[:positive - 1]).all()) \
+            and not rates[positive:].any():
+        mask, _ = _scan_budget(sizes[:positive], budget)
+        return np.flatnonzero(mask)
     head = min(positive, 2 * budget + 64)  # the scan almost always ends this early
     while True:
         order = _top_order(rates, head, positive)

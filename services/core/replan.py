@@ -82,10 +82,12 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
                        created_at: float = 0.0, tolerance: float = DEFAULT_TOLERANCE, max_moves: int | None = None,
                        rates_snapshot_id: str = "", window_seconds: float = 0.0,
                        homes: Callable[[str], int] | None = None, home_rho: float = DEFAULT_HOME_RHO,
-                       key_ids: np.ndarray | None = None, key_space: str = "") -> Plan:
+                       key_ids: np.ndarray | None = None, key_space: str = "", ordered: bool = False) -> Plan:
     """A plan for the new rates that keeps the active plan's assignments where balance allows.
     `key_ids`, `key_space`: the store's id of each key (RatesSnapshot.key_ids); with them the
-    active plan's keys are found by id when its layout recorded ids of the same space."""
+    active plan's keys are found by id when its layout recorded ids of the same space.
+    `ordered`: the keys are in a RatesSnapshot's order (rate desc, ties key asc): admission
+    takes them in window order (planning.admit)."""
     if not math.isfinite(tolerance) or tolerance < 0:
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     if not math.isfinite(home_rho) or home_rho < 0:
@@ -99,14 +101,16 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     index = check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots, index=not by_id, distinct=by_id)
     R = len(replica_ids)
     sizes = size_keys(rate_arr, q_cap, R)
-    chosen = admit(keys, rate_arr, sizes, R * int(warm_slots))
+    chosen = admit(keys, rate_arr, sizes, R * int(warm_slots), ordered=ordered)
     cold = np.ones(len(keys), dtype=bool)
     cold[chosen] = False
     cold_load = exact_sum(rate_arr[cold]) / R
     lam, k = rate_arr[chosen], sizes[chosen]
     # the balance yardstick: LPT from scratch over the same admitted keys (build_plan's loads)
     scratch_imbalance = imbalance(place_lpt(lam, k, R, cold_load, rows=False)[1])
-    order = [keys[i] for i in chosen.tolist()]
+    m = len(chosen)       # admitted in window order: the first m keys (a slice, no per-key gather)
+    prefix = ordered and (m == 0 or (int(chosen[-1]) == m - 1 and bool((np.diff(chosen) > 0).all())))
+    order = list(keys[:m]) if prefix else [keys[i] for i in chosen.tolist()]
 
     # the active plan's keys by position in this window: by store id, else the one pass by dict
     # of the interval

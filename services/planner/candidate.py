@@ -98,6 +98,7 @@ class BuildInputs:
     served: Mapping[str, int] = dataclasses.field(default_factory=dict)   # key -> replica index it was last served on
     key_ids: Any = None                    # the store's key ids and their space (RatesSnapshot), for the re-plan
     key_space: str = ""
+    ordered: bool = False                  # keys in a snapshot's order: rate desc, ties key asc
 
     @classmethod
     def from_snapshot(cls, snap: RatesSnapshot, replica_ids: Sequence[str], q_cap: float, warm_slots: int) -> "BuildInputs":
@@ -105,7 +106,7 @@ class BuildInputs:
         window = WindowColumns(snap.keys, rates, np.asarray(snap.mean_prefix_tokens, dtype=np.float64))
         return cls(snap.keys, rates, _WindowTokens(snap.keys, snap.mean_prefix_tokens), tuple(replica_ids), q_cap,
                    warm_slots, snap.snapshot_id, snap.window_seconds, window=window, key_ids=snap.key_ids,
-                   key_space=snap.key_space)
+                   key_space=snap.key_space, ordered=True)
 
 
 def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, created_at: float,
@@ -133,7 +134,7 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
         plan = replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
                                   inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves,
                                   homes=homes, window_seconds=inputs.window_seconds,
-                                  key_ids=inputs.key_ids, key_space=inputs.key_space)
+                                  key_ids=inputs.key_ids, key_space=inputs.key_space, ordered=inputs.ordered)
         plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
         return with_churn(plan, active) if plan.churn is None else plan
     if cold_homes and active is None:

@@ -103,3 +103,38 @@ def test_window_cache_ids_are_stable_between_reads_and_renamed_by_compaction():
     cache._compact()
     assert cache.space != space
     assert snapshot_columns(1, 2, 0.0, 20.0, keys, acc).key_ids is None     # no space: no ids
+
+
+def snapshot_order(keys, rates):
+    """keys and rates as a RatesSnapshot lists them: rate desc, ties key asc (windowed counts)."""
+    counts = np.maximum(1, np.round(np.asarray(rates) * 3)).astype(np.int64)   # many ties
+    order = sorted(range(len(keys)), key=lambda i: (-counts[i], keys[i]))
+    return [keys[i] for i in order], counts[order] / 300.0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("q_cap,warm", [(4.0, 100), (0.01, 60), (1e9, 1000), (0.05, 20)])
+def test_ordered_admission_equals_the_sorted_one(seed, q_cap, warm):
+    from services.core.planning import admit, size_keys
+    keys, rates, rng = workload(3000, seed)
+    keys, rates = snapshot_order(keys, rates)
+    for R in (1, 8):
+        sizes = size_keys(rates, q_cap, R)
+        want = admit(keys, rates, sizes, R * warm)
+        got = admit(keys, rates, sizes, R * warm, ordered=True)
+        assert got.tolist() == want.tolist()
+    active = build_plan(keys, rates, IDS, q_cap, warm)
+    keys2, rates2 = snapshot_order(*drift(keys, rates, rng))
+    kw = dict(version=2, window_seconds=300.0)
+    same_plan(replan.replan_incremental(active, keys2, rates2, IDS, q_cap, warm, ordered=True, **kw),
+              replan.replan_incremental(active, keys2, rates2, IDS, q_cap, warm, **kw))
+
+
+def test_ordered_with_rates_out_of_order_takes_the_sorting_path():
+    from services.core.planning import admit, size_keys
+    keys, rates, _ = workload(500, 3)            # not in snapshot order
+    sizes = size_keys(rates, 1.0, 4)
+    assert admit(keys, rates, sizes, 4 * 50, ordered=True).tolist() == admit(keys, rates, sizes, 4 * 50).tolist()
+    active = build_plan(keys, rates, IDS, 1.0, 50)
+    same_plan(replan.replan_incremental(active, keys, rates, IDS, 1.0, 50, version=2, ordered=True),
+              replan.replan_incremental(active, keys, rates, IDS, 1.0, 50, version=2))
