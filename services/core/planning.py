@@ -45,11 +45,12 @@ import math
 import numbers
 from dataclasses import dataclass
 from itertools import chain
+from types import MappingProxyType
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from services.core.plan import Plan
+from services.core.plan import Plan, TableLayout
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,6 +87,25 @@ def check_inputs(keys: Sequence[str], rates: np.ndarray, replica_ids: Sequence[s
     if "" in unique:
         raise ValueError("empty key")
     return unique if index else None
+
+
+def checked_key_ids(key_ids, n: int) -> np.ndarray:
+    """The window's store ids as int64, checked: one per key, >= 0 and distinct (so the keys are)."""
+    ids = np.asarray(key_ids, dtype=np.int64) if key_ids is not None else None
+    if ids is None or ids.ndim != 1 or len(ids) != n:
+        raise ValueError(f"key_ids: need one id per key ({n}), got {None if ids is None else ids.shape}")
+    if n and int(ids.min()) < 0:
+        raise ValueError("key_ids must be >= 0")
+    if n and int(ids.max()) <= 4 * n + 1024:          # a store's ids: dense, so a bitmap
+        seen = np.zeros(int(ids.max()) + 1, dtype=bool)
+        seen[ids] = True
+        repeat_id = int(np.count_nonzero(seen)) != n
+    else:
+        s = np.sort(ids)
+        repeat_id = bool((s[1:] == s[:-1]).any())
+    if repeat_id:
+        raise ValueError("key_ids repeat an id")
+    return ids
 
 
 def _is_real(x: object) -> bool:
@@ -351,9 +371,12 @@ class RowColumns:
 def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica_ids: Sequence[str],
                q_cap: float, warm_slots: int, *, version: int = 1, parent: Plan | None = None,
                created_at: float = 0.0, rates_snapshot_id: str = "", window_seconds: float = 0.0,
-               admission: str = "rate", prefix_tokens: Sequence[float] | np.ndarray | None = None) -> Plan:
+               admission: str = "rate", prefix_tokens: Sequence[float] | np.ndarray | None = None,
+               key_ids: np.ndarray | None = None, key_space: str = "") -> Plan:
     """Size, admit and place (module header). `churn` is filled in when `parent` is given.
-    `prefix_tokens` (per key, aligned with `keys`) is needed by admission="density" only."""
+    `prefix_tokens` (per key, aligned with `keys`) is needed by admission="density" only.
+    `key_ids`, `key_space` (a RatesSnapshot's): the plan records where its rows sit in the
+    window and their keys' ids (`Plan.layout`), so the next churn-aware re-plan finds them by id."""
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
     check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots)
@@ -372,6 +395,9 @@ def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica
     cold_load = _cold_load(rate_arr, chosen, replicas)
     rows, loads = place_lpt(chosen_rates, sizes[chosen], replicas, cold_load)
     chosen_keys = [keys[i] for i in chosen.tolist()]
+    table = MappingProxyType(dict(zip(chosen_keys, rows)))      # as Plan freezes it (no second copy)
+    layout = _window_layout(table, keys, chosen, rows, checked_key_ids(key_ids, len(keys)), key_space) \
+        if key_space else None
     plan = Plan(
         version=version,
         parent_version=parent.version if parent is not None else 0,
@@ -379,7 +405,7 @@ def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica
         replica_ids=tuple(replica_ids),
         q_cap=float(q_cap),
         warm_slots=int(warm_slots),
-        table=dict(zip(chosen_keys, rows)),
+        table=table,
         rates=dict(zip(chosen_keys, chosen_rates.tolist())),
         expected_load=tuple(loads),
         predicted_imbalance=imbalance(loads),
@@ -390,8 +416,23 @@ def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica
         rates_snapshot_id=rates_snapshot_id,
         window_seconds=float(window_seconds),
         extra={"admission": admission} if admission != "rate" else {},
+        layout=layout,
     )
     return with_churn(plan, parent)
+
+
+def _window_layout(table: Mapping, window: Sequence[str], chosen: np.ndarray, rows: list[tuple[int, ...]],
+                   ids: np.ndarray, key_space: str) -> TableLayout:
+    """build_plan's record of `table` (services.core.plan.TableLayout): no parent positions."""
+    lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    one = np.full(len(rows), -2, dtype=np.int64)
+    single = np.flatnonzero(lens == 1)
+    one[single] = np.fromiter((rows[p][0] for p in single.tolist()), dtype=np.int64, count=len(single))
+    multi = {p: rows[p] for p in np.flatnonzero(lens != 1).tolist()}
+    arrays = (chosen.astype(np.int64), one, ids[chosen])
+    for a in arrays:
+        a.flags.writeable = False
+    return TableLayout(table, window, arrays[0], arrays[1], multi, None, None, ids=arrays[2], key_space=key_space)
 
 
 ADMISSIONS = ("rate", "density")

@@ -61,7 +61,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from services.core.plan import Plan, TableLayout
-from services.core.planning import (RowColumns, admit, check_inputs, exact_sum, imbalance, place_lpt, size_keys,
+from services.core.planning import (RowColumns, admit, check_inputs, checked_key_ids, exact_sum, imbalance, place_lpt, size_keys,
                                     with_churn)
 from services.core.ring import Ring
 from services.core.table import ArrayRates
@@ -95,7 +95,7 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     window = keys
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
-    ids = _checked_ids(key_ids, len(keys)) if key_space else None
+    ids = checked_key_ids(key_ids, len(keys)) if key_space else None
     lay = active.layout_of()
     by_id = ids is not None and lay is not None and lay.ids is not None and lay.key_space == key_space
     index = check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots, index=not by_id, distinct=by_id)
@@ -142,25 +142,6 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
         layout=_layout(table, window, chosen, rows, active.table, a_pos, ids, key_space),
     )
     return plan
-
-
-def _checked_ids(key_ids, n: int) -> np.ndarray:
-    """The window's store ids as int64, checked: one per key, >= 0 and distinct (so the keys are)."""
-    ids = np.asarray(key_ids, dtype=np.int64) if key_ids is not None else None
-    if ids is None or ids.ndim != 1 or len(ids) != n:
-        raise ValueError(f"key_ids: need one id per key ({n}), got {None if ids is None else ids.shape}")
-    if n and int(ids.min()) < 0:
-        raise ValueError("key_ids must be >= 0")
-    if n and int(ids.max()) <= 4 * n + 1024:          # a store's ids: dense, so a bitmap
-        seen = np.zeros(int(ids.max()) + 1, dtype=bool)
-        seen[ids] = True
-        repeat_id = int(np.count_nonzero(seen)) != n
-    else:
-        s = np.sort(ids)
-        repeat_id = bool((s[1:] == s[:-1]).any())
-    if repeat_id:
-        raise ValueError("key_ids repeat an id")
-    return ids
 
 
 def _positions_by_id(ids: np.ndarray, row_ids: np.ndarray) -> np.ndarray:

@@ -143,7 +143,8 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
                              rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
     return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
                       version=version, parent=active, created_at=created_at,
-                      rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
+                      rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds,
+                      key_ids=inputs.key_ids, key_space=inputs.key_space)
 
 
 def decide(active: Plan | None, candidate: Plan, inputs: BuildInputs, *, now: float, last_switch_at: float,

@@ -138,3 +138,28 @@ def test_ordered_with_rates_out_of_order_takes_the_sorting_path():
     active = build_plan(keys, rates, IDS, 1.0, 50)
     same_plan(replan.replan_incremental(active, keys, rates, IDS, 1.0, 50, version=2, ordered=True),
               replan.replan_incremental(active, keys, rates, IDS, 1.0, 50, version=2))
+
+
+@pytest.mark.parametrize("q_cap,warm", [(4.0, 100), (0.4, 60)])
+def test_build_plan_with_ids_records_its_rows_and_the_next_replan_matches_by_id(q_cap, warm):
+    from services.core.planning import RowColumns
+    keys, rates, rng = workload(3000, 6)
+    reg = Registry()
+    ids = reg.ids(keys)
+    plain = build_plan(keys, rates, IDS, q_cap, warm)
+    first = build_plan(keys, rates, IDS, q_cap, warm, key_ids=ids, key_space="s")
+    same_plan(first, plain)
+    lay = first.layout_of()
+    assert lay is not None and lay.key_space == "s" and lay.parent_positions is None
+    assert [keys[i] for i in lay.positions.tolist()] == list(first.table)
+    assert np.array_equal(lay.ids, ids[lay.positions])
+    got, want = RowColumns.of(first), RowColumns.of(plain)          # by the record, by one pass
+    assert np.array_equal(got.lens, want.lens) and np.array_equal(got.one, want.one)
+    assert dict(got.multi) == dict(want.multi)
+    assert (len(got.multi) > 0) == (q_cap < 1)            # rows of several replicas recorded too
+    keys2, rates2 = drift(keys, rates, rng)
+    by_id = replan.replan_incremental(first, keys2, rates2, IDS, q_cap, warm, version=2, key_ids=reg.ids(keys2),
+                                      key_space="s")
+    by_dict = replan.replan_incremental(plain, keys2, rates2, IDS, q_cap, warm, version=2)
+    same_plan(by_id, by_dict)
+    same_layout(by_id, by_dict)
