@@ -156,7 +156,7 @@ def test_build_plan_with_ids_records_its_rows_and_the_next_replan_matches_by_id(
     got, want = RowColumns.of(first), RowColumns.of(plain)          # by the record, by one pass
     assert np.array_equal(got.lens, want.lens) and np.array_equal(got.one, want.one)
     assert dict(got.multi) == dict(want.multi)
-    assert (len(got.multi) > 0) == (q_cap < 1)            # rows of several replicas recorded too
+    assert len(got.multi) > 0                               # rows of several replicas recorded too
     keys2, rates2 = drift(keys, rates, rng)
     by_id = replan.replan_incremental(first, keys2, rates2, IDS, q_cap, warm, version=2, key_ids=reg.ids(keys2),
                                       key_space="s")
