@@ -36,7 +36,11 @@ replica's keys in arrays, churn from the columns. Results equal the per-key vers
 The keys are checked distinct by a key -> position dict over the window (the pass a set would
 cost), the active plan's keys are found in it (the interval's one lookup pass), its rows are
 taken by position, and the plan records where its rows and its parent's keys sit in the window
-(`Plan.layout`), which the switching rule aligns by.
+(`Plan.layout`), which the switching rule aligns by. With the store's key ids (a snapshot's
+`key_ids`, distinct per key and stable between reads of one id space) and an active plan whose
+layout recorded its rows' ids in the same space, no dict is built: distinct ids show the keys
+distinct and the active keys' window positions are one gather by id. With `ordered` (a
+snapshot's keys: rate desc, ties key asc) admission takes the keys in window order.
 
 `build_at_home` (builder "home"): a first plan for a cluster whose cold tail has been serving
 the traffic: `replan_incremental` from an empty plan, so every key starts on its home when
@@ -95,10 +99,7 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     window = keys
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
-    ids = checked_key_ids(key_ids, len(keys)) if key_space else None
-    lay = active.layout_of()
-    by_id = ids is not None and lay is not None and lay.ids is not None and lay.key_space == key_space
-    index = check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots, index=not by_id, distinct=by_id)
+    ids, a_pos = _match_window(active, keys, rate_arr, replica_ids, q_cap, warm_slots, key_ids, key_space)
     R = len(replica_ids)
     sizes = size_keys(rate_arr, q_cap, R)
     chosen = admit(keys, rate_arr, sizes, R * int(warm_slots), ordered=ordered)
@@ -111,13 +112,6 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     m = len(chosen)       # admitted in window order: the first m keys (a slice, no per-key gather)
     prefix = ordered and (m == 0 or (int(chosen[-1]) == m - 1 and bool((np.diff(chosen) > 0).all())))
     order = list(keys[:m]) if prefix else [keys[i] for i in chosen.tolist()]
-
-    # the active plan's keys by position in this window: by store id, else the one pass by dict
-    # of the interval
-    if by_id:
-        a_pos = _positions_by_id(ids, lay.ids)
-    else:
-        a_pos = np.fromiter(map(index.get, active.table, repeat(-1)), dtype=np.int64, count=len(active.table))
     anchors = _anchor_at(active, replica_ids, a_pos, chosen, len(keys))
     admitted = exact_sum(lam)
     home_floor = home_rho * float(q_cap) if homes is not None else 0.0
@@ -142,6 +136,20 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
         layout=_layout(table, window, chosen, rows, active.table, a_pos, ids, key_space),
     )
     return plan
+
+
+def _match_window(active: Plan, keys: Sequence[str], rate_arr: np.ndarray, replica_ids: Sequence[str],
+                  q_cap: float, warm_slots: int, key_ids, key_space: str) -> tuple[np.ndarray | None, np.ndarray]:
+    """Check the inputs and find the active plan's keys in this window: (the checked store ids
+    or None, per active row its window position or -1). By store id when the active plan's
+    layout recorded ids of the same space, else the one pass by dict of the interval."""
+    ids = checked_key_ids(key_ids, len(keys)) if key_space else None
+    lay = active.layout_of()
+    by_id = ids is not None and lay is not None and lay.ids is not None and lay.key_space == key_space
+    index = check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots, index=not by_id, distinct=by_id)
+    if by_id:
+        return ids, _positions_by_id(ids, lay.ids)
+    return ids, np.fromiter(map(index.get, active.table, repeat(-1)), dtype=np.int64, count=len(active.table))
 
 
 def _positions_by_id(ids: np.ndarray, row_ids: np.ndarray) -> np.ndarray:

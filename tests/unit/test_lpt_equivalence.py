@@ -1,4 +1,4 @@
-"""place_lpt with equal-rate runs placed by one merge (services.core.planning._equal_run) places
+"""place_lpt with equal-rate runs placed by one merge (services.core.lpt._equal_run) places
 every key where the one-by-one heap did (tests/reference/lpt_v1.py), with bit-identical loads:
 windowed counts (long ties), continuous rates (no ties), k_b > 1 between runs, zero rates,
 loads spread far wider than a run fills, one replica."""
@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from services.core import planning
+from services.core import lpt as planning
 from services.core.planning import admit, place_lpt, size_keys
 from tests.reference import lpt_v1
 
