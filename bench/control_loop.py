@@ -24,8 +24,10 @@ from the activation's return until every dispatcher's GetStatus reports the new 
      re-plan (`replan_incremental` from the active plan), the switching rule, write,
      activate, routed.
 
-Dispatcher memory per plan: VmRSS of each dispatcher before the first plan, after it, and
-after the last steady plan (the previous plan is released when the next is installed).
+Dispatcher memory per plan: VmRSS of each dispatcher process tree (the supervisor and its
+workers, one per core by default, each holding its own copy of the plan) before the first plan,
+after it, and after the last steady plan (the previous plan is released when the next is
+installed), with each worker's share.
 
     .venv/bin/python bench/control_loop.py [--keys 128824,1000000] [--fill spread|every]
         [--replicas 32] [--dispatchers 2] [--steady 2] [--cpu [--profile N]]
@@ -181,6 +183,31 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` (every thread's /proc children list)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text(encoding="ascii").split()]
+        except FileNotFoundError:          # the thread exited meanwhile
+            continue
+    return out
+
+
+def tree_rss(pid: int) -> tuple[float, list[float]]:
+    """(MiB of `pid` and every descendant, the RSS of each direct child). A dispatcher with
+    workers (one per core by default) is a supervisor that holds no plan, its workers do:
+    its own VmRSS alone says +0 MiB per plan."""
+    kids = children(pid)
+    per_child = []
+    total = rss_mib(pid)
+    for c in kids:
+        sub, _ = tree_rss(c)
+        per_child.append(sub)
+        total += sub
+    return total, per_child
+
+
 STALLS: list[float] = []    # the longest GetStatus answer per dispatcher per interval (event loop busy)
 
 
@@ -272,13 +299,13 @@ async def run_one(n_keys: int, args: argparse.Namespace) -> dict:
             channels = [grpc.aio.insecure_channel(a) for _, a in dispatchers]
             stubs = [dispatcher_pb2_grpc.DispatcherStub(c) for c in channels]
             await asyncio.sleep(1.0)
-            rss0 = [rss_mib(d.pid) for d, _ in dispatchers]
+            rss0 = [tree_rss(d.pid) for d, _ in dispatchers]
             store = RedisStore(redis.url, telemetry=cfg, timeout=300)     # a fresh planner: cold cache
             results = []
             t, plan = await interval(store, stubs, replicas, q_cap, warm, now, None, 0.0)
             t["name"] = "first"
             results.append(t)
-            rss1 = [rss_mib(d.pid) for d, _ in dispatchers]
+            rss1 = [tree_rss(d.pid) for d, _ in dispatchers]
             active, last_switch = plan, now
             for k in range(args.steady):
                 await churn_newest(writer, n_keys, last, seed=100 + k)
@@ -287,7 +314,7 @@ async def run_one(n_keys: int, args: argparse.Namespace) -> dict:
                 t["name"] = f"steady-{k + 1}"
                 results.append(t)
                 active, last_switch = plan, now
-            rss2 = [rss_mib(d.pid) for d, _ in dispatchers]
+            rss2 = [tree_rss(d.pid) for d, _ in dispatchers]
             redis_mib = (await writer._redis.info("memory"))["used_memory"] / 2**20
             for c in channels:
                 await c.close()
@@ -313,8 +340,10 @@ def report(r: dict) -> None:
     print("stall: the longest a dispatcher took to answer GetStatus while installing the plan (inside 'routed')")
     print(f"redis used_memory after the last interval: {r['redis_mib']:.0f} MiB")
     for i, (a, b, c) in enumerate(zip(r["rss_before"], r["rss_first"], r["rss_last"])):
-        print(f"dispatcher {i}: RSS {a:.0f} MiB before any plan, {b:.0f} MiB with the first "
-              f"(+{b - a:.0f} MiB), {c:.0f} MiB after {len(r['intervals']) - 1} more")
+        print(f"dispatcher {i} (supervisor + {len(b[1])} workers): RSS {a[0]:.0f} MiB before any plan, "
+              f"{b[0]:.0f} MiB with the first (+{b[0] - a[0]:.0f} MiB), {c[0]:.0f} MiB after "
+              f"{len(r['intervals']) - 1} more; per worker "
+              + ", ".join(f"{x:.0f}->{y:.0f}->{z:.0f}" for x, y, z in zip(a[1], b[1], c[1])) + " MiB")
 
 
 CPU_STEPS = ("read", "load", "build", "decide", "write", "activate", "publish")

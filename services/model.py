@@ -8,7 +8,7 @@ from here (the store re-exports them for callers that speak to it), so each is d
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
 # Routing keys (and replica ids) longer than this, in UTF-8 bytes, are refused.
@@ -101,6 +101,11 @@ class RatesSnapshot:
     mean_prompt_tokens: tuple[float, ...]
     mean_prefix_tokens: tuple[float, ...]
     untracked_arrivals: int = 0           # arrivals of keys beyond a bucket's key cap (no per-key count)
+    # the store's id of each key (an int64 array, distinct per distinct key), stable between the
+    # reads of one store while `key_space` stays the same ("": no ids): the planner matches the
+    # active plan's keys by id instead of by a dict over the window (services.core.replan)
+    key_ids: object = field(default=None, compare=False, repr=False)
+    key_space: str = field(default="", compare=False)
 
     def rate_map(self) -> dict[str, float]:
         return dict(zip(self.keys, self.rates))

@@ -63,6 +63,8 @@ class TableLayout:
     multi: Mapping[int, tuple[int, ...]]   # row -> its replicas (ascending), rows of several
     parent: Mapping | None = None      # the parent plan's table object, as `parent_positions` saw it
     parent_positions: np.ndarray | None = None   # int64 per parent row (its table order): window position, -1 outside
+    ids: np.ndarray | None = None      # int64 per row: the key's store id (RatesSnapshot.key_ids), None without
+    key_space: str = ""                # what names those ids (RatesSnapshot.key_space)
 
 
 @dataclass(frozen=True, slots=True)

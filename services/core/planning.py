@@ -31,7 +31,8 @@ with k_b <= the remaining budget can fit, and they form a suffix found by binary
 skip strictly lowers the k_b level, so the scan is a few cumsum/searchsorted passes. Rate ties
 only need key order inside tie groups that reach the admitted region (equal rates mean equal
 k_b, so how many of a group are admitted does not depend on their order). Placement is a
-binary heap over R replicas, touched only by admitted keys. The result equals the plain heapq
+binary heap over R replicas, touched only by admitted keys, except long runs of equal-rate
+one-replica keys, placed by one merge (services/core/lpt.py). The result equals the plain heapq
 transcription of the paper's pseudocode in bench/plan_build.py bit for bit: the cold-tail sum
 is correctly rounded (`exact_sum`, equal to math.fsum there, so independent of summation order)
 and every replica load is accumulated in the same order as there.
@@ -39,16 +40,17 @@ and every replica load is accumulated in the same order as there.
 
 from __future__ import annotations
 
-import heapq
 import math
 import numbers
 from dataclasses import dataclass
 from itertools import chain
+from types import MappingProxyType
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from services.core.plan import Plan
+from services.core.lpt import place_lpt
+from services.core.plan import Plan, TableLayout
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,9 +58,10 @@ from services.core.plan import Plan
 
 
 def check_inputs(keys: Sequence[str], rates: np.ndarray, replica_ids: Sequence[str], q_cap: float,
-                 warm_slots: int, *, index: bool = False) -> dict[str, int] | None:
+                 warm_slots: int, *, index: bool = False, distinct: bool = False) -> dict[str, int] | None:
     """Raise ValueError (one line) for inputs the planner cannot use. `index`: return
-    key -> position, the dict that checks the keys are distinct (the same pass as a set)."""
+    key -> position, the dict that checks the keys are distinct (the same pass as a set).
+    `distinct`: the caller has shown the keys distinct (distinct store ids), so no set is built."""
     if len(replica_ids) < 1:
         raise ValueError("need at least one replica (R >= 1)")
     if len(set(replica_ids)) != len(replica_ids):
@@ -74,12 +77,35 @@ def check_inputs(keys: Sequence[str], rates: np.ndarray, replica_ids: Sequence[s
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"rate of key {keys[i]!r} must be finite and >= 0, got {rates[i]!r}")
+    if distinct and not index:
+        if "" in keys:
+            raise ValueError("empty key")
+        return None
     unique = dict(zip(keys, range(len(keys)))) if index else set(keys)
     if len(unique) != len(keys):
         raise ValueError(f"duplicate key {_first_duplicate(keys)!r}")
     if "" in unique:
         raise ValueError("empty key")
     return unique if index else None
+
+
+def checked_key_ids(key_ids, n: int) -> np.ndarray:
+    """The window's store ids as int64, checked: one per key, >= 0 and distinct (so the keys are)."""
+    ids = np.asarray(key_ids, dtype=np.int64) if key_ids is not None else None
+    if ids is None or ids.ndim != 1 or len(ids) != n:
+        raise ValueError(f"key_ids: need one id per key ({n}), got {None if ids is None else ids.shape}")
+    if n and int(ids.min()) < 0:
+        raise ValueError("key_ids must be >= 0")
+    if n and int(ids.max()) <= 4 * n + 1024:          # a store's ids: dense, so a bitmap
+        seen = np.zeros(int(ids.max()) + 1, dtype=bool)
+        seen[ids] = True
+        repeat_id = int(np.count_nonzero(seen)) != n
+    else:
+        s = np.sort(ids)
+        repeat_id = bool((s[1:] == s[:-1]).any())
+    if repeat_id:
+        raise ValueError("key_ids repeat an id")
+    return ids
 
 
 def _is_real(x: object) -> bool:
@@ -106,9 +132,16 @@ def size_keys(rates: np.ndarray, q_cap: float, replicas: int) -> np.ndarray:
     return np.clip(k, 1, replicas).astype(np.int64)
 
 
-def admit(keys: Sequence[str], rates: np.ndarray, sizes: np.ndarray, budget: int) -> np.ndarray:
-    """Indices of the admitted keys, in admission (= placement) order: rate desc, key asc."""
+def admit(keys: Sequence[str], rates: np.ndarray, sizes: np.ndarray, budget: int, *,
+          ordered: bool = False) -> np.ndarray:
+    """Indices of the admitted keys, in admission (= placement) order: rate desc, key asc.
+    `ordered`: the caller's keys already are in that order (a RatesSnapshot's: hottest first,
+    ties by key), so when the rates are non-increasing the order is the index order, no sort."""
     positive = int(np.count_nonzero(rates > 0))
+    if ordered and positive and bool((rates[1:positive] <= rates[:positive - 1]).all()) \
+            and not rates[positive:].any():
+        mask, _ = _scan_budget(sizes[:positive], budget)
+        return np.flatnonzero(mask)
     head = min(positive, 2 * budget + 64)  # the scan almost always ends this early
     while True:
         order = _top_order(rates, head, positive)
@@ -171,39 +204,6 @@ def _order_ties_by_key(order: np.ndarray, sorted_rates: np.ndarray, last: int, k
         order[s:e] = sorted(order[s:e].tolist(), key=keys.__getitem__)
 
 
-def place_lpt(rates: Sequence[float], sizes: Sequence[int], replicas: int,
-              cold_load: float, *, rows: bool = True) -> tuple[list[tuple[int, ...]], list[float]]:
-    """LPT over keys given in placement order: (replica indices per key, ascending; loads).
-    rows=False: the loads only (the same floats; the rows list stays empty)."""
-    heap = [(cold_load, i) for i in range(replicas)]  # equal loads, ascending index: a heap
-    out: list[tuple[int, ...]] = []
-    replace, pop, push = heapq.heapreplace, heapq.heappop, heapq.heappush
-    if not rows:
-        for lam, k in zip(rates, sizes):
-            if k == 1:
-                replace(heap, (heap[0][0] + lam, heap[0][1]))
-                continue
-            share = lam / k
-            for load, i in [pop(heap) for _ in range(k)]:
-                push(heap, (load + share, i))
-    else:
-        for lam, k in zip(rates, sizes):
-            if k == 1:
-                load, i = heap[0]
-                replace(heap, (load + lam, i))
-                out.append((i,))
-                continue
-            share = lam / k
-            picked = [pop(heap) for _ in range(k)]
-            for load, i in picked:
-                push(heap, (load + share, i))
-            out.append(tuple(sorted(i for _, i in picked)))
-    loads = [0.0] * replicas
-    for load, i in heap:
-        loads[i] = load
-    return out, loads
-
-
 def imbalance(loads: Sequence[float]) -> float:
     """max/mean of per-replica load; 1.0 when there is no load at all."""
     total = math.fsum(loads)
@@ -262,9 +262,12 @@ class RowColumns:
 def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica_ids: Sequence[str],
                q_cap: float, warm_slots: int, *, version: int = 1, parent: Plan | None = None,
                created_at: float = 0.0, rates_snapshot_id: str = "", window_seconds: float = 0.0,
-               admission: str = "rate", prefix_tokens: Sequence[float] | np.ndarray | None = None) -> Plan:
+               admission: str = "rate", prefix_tokens: Sequence[float] | np.ndarray | None = None,
+               key_ids: np.ndarray | None = None, key_space: str = "") -> Plan:
     """Size, admit and place (module header). `churn` is filled in when `parent` is given.
-    `prefix_tokens` (per key, aligned with `keys`) is needed by admission="density" only."""
+    `prefix_tokens` (per key, aligned with `keys`) is needed by admission="density" only.
+    `key_ids`, `key_space` (a RatesSnapshot's): the plan records where its rows sit in the
+    window and their keys' ids (`Plan.layout`), so the next churn-aware re-plan finds them by id."""
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
     check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots)
@@ -281,8 +284,11 @@ def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica
     total = float(rate_arr.sum())
     admitted_rate = float(chosen_rates.sum())
     cold_load = _cold_load(rate_arr, chosen, replicas)
-    rows, loads = place_lpt(chosen_rates.tolist(), sizes[chosen].tolist(), replicas, cold_load)
+    rows, loads = place_lpt(chosen_rates, sizes[chosen], replicas, cold_load)
     chosen_keys = [keys[i] for i in chosen.tolist()]
+    table = MappingProxyType(dict(zip(chosen_keys, rows)))      # as Plan freezes it (no second copy)
+    layout = _window_layout(table, keys, chosen, rows, checked_key_ids(key_ids, len(keys)), key_space) \
+        if key_space else None
     plan = Plan(
         version=version,
         parent_version=parent.version if parent is not None else 0,
@@ -290,7 +296,7 @@ def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica
         replica_ids=tuple(replica_ids),
         q_cap=float(q_cap),
         warm_slots=int(warm_slots),
-        table=dict(zip(chosen_keys, rows)),
+        table=table,
         rates=dict(zip(chosen_keys, chosen_rates.tolist())),
         expected_load=tuple(loads),
         predicted_imbalance=imbalance(loads),
@@ -301,8 +307,23 @@ def build_plan(keys: Sequence[str], rates: Sequence[float] | np.ndarray, replica
         rates_snapshot_id=rates_snapshot_id,
         window_seconds=float(window_seconds),
         extra={"admission": admission} if admission != "rate" else {},
+        layout=layout,
     )
     return with_churn(plan, parent)
+
+
+def _window_layout(table: Mapping, window: Sequence[str], chosen: np.ndarray, rows: list[tuple[int, ...]],
+                   ids: np.ndarray, key_space: str) -> TableLayout:
+    """build_plan's record of `table` (services.core.plan.TableLayout): no parent positions."""
+    lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    one = np.full(len(rows), -2, dtype=np.int64)
+    single = np.flatnonzero(lens == 1)
+    one[single] = np.fromiter((rows[p][0] for p in single.tolist()), dtype=np.int64, count=len(single))
+    multi = {p: rows[p] for p in np.flatnonzero(lens != 1).tolist()}
+    arrays = (chosen.astype(np.int64), one, ids[chosen])
+    for a in arrays:
+        a.flags.writeable = False
+    return TableLayout(table, window, arrays[0], arrays[1], multi, None, None, ids=arrays[2], key_space=key_space)
 
 
 ADMISSIONS = ("rate", "density")

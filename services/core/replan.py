@@ -36,7 +36,11 @@ replica's keys in arrays, churn from the columns. Results equal the per-key vers
 The keys are checked distinct by a key -> position dict over the window (the pass a set would
 cost), the active plan's keys are found in it (the interval's one lookup pass), its rows are
 taken by position, and the plan records where its rows and its parent's keys sit in the window
-(`Plan.layout`), which the switching rule aligns by.
+(`Plan.layout`), which the switching rule aligns by. With the store's key ids (a snapshot's
+`key_ids`, distinct per key and stable between reads of one id space) and an active plan whose
+layout recorded its rows' ids in the same space, no dict is built: distinct ids show the keys
+distinct and the active keys' window positions are one gather by id. With `ordered` (a
+snapshot's keys: rate desc, ties key asc) admission takes the keys in window order.
 
 `build_at_home` (builder "home"): a first plan for a cluster whose cold tail has been serving
 the traffic: `replan_incremental` from an empty plan, so every key starts on its home when
@@ -61,7 +65,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from services.core.plan import Plan, TableLayout
-from services.core.planning import (RowColumns, admit, check_inputs, exact_sum, imbalance, place_lpt, size_keys,
+from services.core.planning import (RowColumns, admit, check_inputs, checked_key_ids, exact_sum, imbalance, place_lpt, size_keys,
                                     with_churn)
 from services.core.ring import Ring
 from services.core.table import ArrayRates
@@ -81,8 +85,13 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
                        replica_ids: Sequence[str], q_cap: float, warm_slots: int, *, version: int,
                        created_at: float = 0.0, tolerance: float = DEFAULT_TOLERANCE, max_moves: int | None = None,
                        rates_snapshot_id: str = "", window_seconds: float = 0.0,
-                       homes: Callable[[str], int] | None = None, home_rho: float = DEFAULT_HOME_RHO) -> Plan:
-    """A plan for the new rates that keeps the active plan's assignments where balance allows."""
+                       homes: Callable[[str], int] | None = None, home_rho: float = DEFAULT_HOME_RHO,
+                       key_ids: np.ndarray | None = None, key_space: str = "", ordered: bool = False) -> Plan:
+    """A plan for the new rates that keeps the active plan's assignments where balance allows.
+    `key_ids`, `key_space`: the store's id of each key (RatesSnapshot.key_ids); with them the
+    active plan's keys are found by id when its layout recorded ids of the same space.
+    `ordered`: the keys are in a RatesSnapshot's order (rate desc, ties key asc): admission
+    takes them in window order (planning.admit)."""
     if not math.isfinite(tolerance) or tolerance < 0:
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     if not math.isfinite(home_rho) or home_rho < 0:
@@ -90,20 +99,19 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
     window = keys
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     rate_arr = np.asarray(rates, dtype=np.float64)
-    index = check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots, index=True)
+    ids, a_pos = _match_window(active, keys, rate_arr, replica_ids, q_cap, warm_slots, key_ids, key_space)
     R = len(replica_ids)
     sizes = size_keys(rate_arr, q_cap, R)
-    chosen = admit(keys, rate_arr, sizes, R * int(warm_slots))
+    chosen = admit(keys, rate_arr, sizes, R * int(warm_slots), ordered=ordered)
     cold = np.ones(len(keys), dtype=bool)
     cold[chosen] = False
     cold_load = exact_sum(rate_arr[cold]) / R
     lam, k = rate_arr[chosen], sizes[chosen]
     # the balance yardstick: LPT from scratch over the same admitted keys (build_plan's loads)
-    scratch_imbalance = imbalance(place_lpt(lam.tolist(), k.tolist(), R, cold_load, rows=False)[1])
-    order = [keys[i] for i in chosen.tolist()]
-
-    # the active plan's keys by position in this window: the one pass by dict of the interval
-    a_pos = np.fromiter(map(index.get, active.table, repeat(-1)), dtype=np.int64, count=len(active.table))
+    scratch_imbalance = imbalance(place_lpt(lam, k, R, cold_load, rows=False)[1])
+    m = len(chosen)       # admitted in window order: the first m keys (a slice, no per-key gather)
+    prefix = ordered and (m == 0 or (int(chosen[-1]) == m - 1 and bool((np.diff(chosen) > 0).all())))
+    order = list(keys[:m]) if prefix else [keys[i] for i in chosen.tolist()]
     anchors = _anchor_at(active, replica_ids, a_pos, chosen, len(keys))
     admitted = exact_sum(lam)
     home_floor = home_rho * float(q_cap) if homes is not None else 0.0
@@ -125,19 +133,44 @@ def replan_incremental(active: Plan, keys: Sequence[str], rates: Sequence[float]
         builder="incremental", rates_snapshot_id=rates_snapshot_id, window_seconds=float(window_seconds),
         extra={"scratch_imbalance": scratch_imbalance, "tolerance": tolerance, "moves": moves},
         churn=_churn(anchors, rows, lam, admitted),
-        layout=_layout(table, window, chosen, rows, active.table, a_pos),
+        layout=_layout(table, window, chosen, rows, active.table, a_pos, ids, key_space),
     )
     return plan
 
 
-def _layout(table, window, chosen: np.ndarray, rows: "_Rows", parent, a_pos: np.ndarray) -> TableLayout | None:
+def _match_window(active: Plan, keys: Sequence[str], rate_arr: np.ndarray, replica_ids: Sequence[str],
+                  q_cap: float, warm_slots: int, key_ids, key_space: str) -> tuple[np.ndarray | None, np.ndarray]:
+    """Check the inputs and find the active plan's keys in this window: (the checked store ids
+    or None, per active row its window position or -1). By store id when the active plan's
+    layout recorded ids of the same space, else the one pass by dict of the interval."""
+    ids = checked_key_ids(key_ids, len(keys)) if key_space else None
+    lay = active.layout_of()
+    by_id = ids is not None and lay is not None and lay.ids is not None and lay.key_space == key_space
+    index = check_inputs(keys, rate_arr, replica_ids, q_cap, warm_slots, index=not by_id, distinct=by_id)
+    if by_id:
+        return ids, _positions_by_id(ids, lay.ids)
+    return ids, np.fromiter(map(index.get, active.table, repeat(-1)), dtype=np.int64, count=len(active.table))
+
+
+def _positions_by_id(ids: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
+    """Per active row (its key's id `row_ids`), the window position of the key with that id, -1
+    for none: what the dict over the window finds for the same keys."""
+    top = max(int(ids.max()) if len(ids) else -1, int(row_ids.max()) if len(row_ids) else -1)
+    at = np.full(top + 2, -1, dtype=np.int64)
+    at[ids] = np.arange(len(ids), dtype=np.int64)
+    return at[row_ids]
+
+
+def _layout(table, window, chosen: np.ndarray, rows: "_Rows", parent, a_pos: np.ndarray,
+            ids: np.ndarray | None = None, key_space: str = "") -> TableLayout | None:
     """The builder's record of `table` (services.core.plan.TableLayout); None with an empty row."""
     if (rows.one == -1).any():
         return None
-    arrays = (chosen.astype(np.int64), rows.one.copy(), a_pos)
+    arrays = (chosen.astype(np.int64), rows.one.copy(), a_pos) + ((ids[chosen],) if ids is not None else ())
     for a in arrays:
         a.flags.writeable = False
-    return TableLayout(table, window, arrays[0], arrays[1], dict(rows.multi), parent, arrays[2])
+    return TableLayout(table, window, arrays[0], arrays[1], dict(rows.multi), parent, arrays[2],
+                       ids=arrays[3] if ids is not None else None, key_space=key_space if ids is not None else "")
 
 
 def served_homes(served_at: Mapping[str, int], fallback: Callable[[str], int]) -> Callable[[str], int]:

@@ -96,13 +96,17 @@ class BuildInputs:
     achieved_hit_rate: float | None = None  # cached / prompt tokens the engines reported over the window
     window: WindowColumns | None = None    # rates and prefix tokens in columns (a snapshot's), for `decide`
     served: Mapping[str, int] = dataclasses.field(default_factory=dict)   # key -> replica index it was last served on
+    key_ids: Any = None                    # the store's key ids and their space (RatesSnapshot), for the re-plan
+    key_space: str = ""
+    ordered: bool = False                  # keys in a snapshot's order: rate desc, ties key asc
 
     @classmethod
     def from_snapshot(cls, snap: RatesSnapshot, replica_ids: Sequence[str], q_cap: float, warm_slots: int) -> "BuildInputs":
         rates = np.asarray(snap.rates, dtype=np.float64)
         window = WindowColumns(snap.keys, rates, np.asarray(snap.mean_prefix_tokens, dtype=np.float64))
         return cls(snap.keys, rates, _WindowTokens(snap.keys, snap.mean_prefix_tokens), tuple(replica_ids), q_cap,
-                   warm_slots, snap.snapshot_id, snap.window_seconds, window=window)
+                   warm_slots, snap.snapshot_id, snap.window_seconds, window=window, key_ids=snap.key_ids,
+                   key_space=snap.key_space, ordered=True)
 
 
 def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, created_at: float,
@@ -129,7 +133,8 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
     if incremental and active is not None:
         plan = replan_incremental(active, inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap,
                                   inputs.warm_slots, version=version, created_at=created_at, max_moves=max_moves,
-                                  homes=homes, window_seconds=inputs.window_seconds)
+                                  homes=homes, window_seconds=inputs.window_seconds,
+                                  key_ids=inputs.key_ids, key_space=inputs.key_space, ordered=inputs.ordered)
         plan = dataclasses.replace(plan, rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
         return with_churn(plan, active) if plan.churn is None else plan
     if cold_homes and active is None:
@@ -138,7 +143,8 @@ def build_candidate(inputs: BuildInputs, active: Plan | None, *, version: int, c
                              rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
     return build_plan(inputs.keys, inputs.rates, inputs.replica_ids, inputs.q_cap, inputs.warm_slots,
                       version=version, parent=active, created_at=created_at,
-                      rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds)
+                      rates_snapshot_id=inputs.snapshot_id, window_seconds=inputs.window_seconds,
+                      key_ids=inputs.key_ids, key_space=inputs.key_space)
 
 
 def decide(active: Plan | None, candidate: Plan, inputs: BuildInputs, *, now: float, last_switch_at: float,

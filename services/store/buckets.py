@@ -115,11 +115,14 @@ def snapshot(first: int, last: int, start: float, now: float, totals: dict[str, 
 
 
 def snapshot_columns(first: int, last: int, start: float, now: float, keys: list[bytes],
-                      acc: np.ndarray, untracked: int = 0, rank: np.ndarray | None = None) -> RatesSnapshot:
+                      acc: np.ndarray, untracked: int = 0, rank: np.ndarray | None = None,
+                      key_space: str = "") -> RatesSnapshot:
     """The snapshot of per-key (n, prompt, prefix) sums, `acc[i]` for `keys[i]`: keys with
     arrivals, hottest first, ties by key (bytewise, i.e. code-point order). Sorting and
     dividing are numpy (a million-key window); the id hashes the ranked keys and counts.
-    `rank` (optional): rank[i] = keys[i]'s position in bytewise order over all `keys`."""
+    `rank` (optional): rank[i] = keys[i]'s position in bytewise order over all `keys`.
+    `key_space` (optional): `keys` are a cache's index (keys[i] has id i) named so; the
+    snapshot then carries each key's id (RatesSnapshot.key_ids)."""
     span = max(now - start, 1e-9)
     n = acc[:, 0]
     live = np.flatnonzero(n > 0)
@@ -153,6 +156,7 @@ def snapshot_columns(first: int, last: int, start: float, now: float, keys: list
         rates=tuple((nf / span).tolist()),
         mean_prompt_tokens=tuple((rows[:, 1].astype(np.float64) / nf).tolist()),
         mean_prefix_tokens=tuple((rows[:, 2].astype(np.float64) / nf).tolist()),
+        key_ids=order.astype(np.int64) if key_space else None, key_space=key_space,
     )
 
 

@@ -366,7 +366,8 @@ class RedisStore(Store):
                 self._seal(r, i, token, names)
             span_start = start if since is None or float(since) >= now else max(start, float(since))
             keys, acc = cache.columns(idxs)
-            return snapshot_columns(first, last, span_start, now, keys, acc, untracked, cache.key_rank(keys))
+            return snapshot_columns(first, last, span_start, now, keys, acc, untracked, cache.key_rank(keys),
+                                    key_space=cache.space)
 
         async with self._window_lock, self._guard():
             return await asyncio.to_thread(read)

@@ -5,6 +5,8 @@ packed counts; the two parts are summed per key."""
 
 from __future__ import annotations
 
+import secrets
+
 import numpy as np
 
 
@@ -18,6 +20,7 @@ class BucketCache:
 
     def __init__(self) -> None:
         self.index: dict[bytes, int] = {}
+        self.space = secrets.token_hex(8)        # names the ids of `index`: a new one when they change
         self._by_key: np.ndarray | None = None   # ids of the first `_sorted` index keys, bytewise order
         self._sorted = 0
         self._plain = True                       # no indexed key contains NUL (fixed-width sorting is exact)
@@ -114,6 +117,7 @@ class BucketCache:
     def _compact(self) -> None:
         """Drop keys no cached bucket holds (keys churn; the index must not grow forever)."""
         self._by_key, self._sorted, self._plain = None, 0, True
+        self.space = secrets.token_hex(8)        # the ids are renumbered below
         keys = list(self.index)
         used = sorted({int(i) for _, ids, _ in self.buckets.values() for i in ids.tolist()})
         remap = np.full(len(keys), -1, dtype=np.int64)
