@@ -6,8 +6,10 @@ the client spreading requests round robin over them (clients.openloop.Rotation).
   cacheroute      the stack (redis, collector, planner) and N dispatchers sharing its one plan
                   (services.local.stack, `dispatchers=N`), HTTP to the engines
   cacheroute-w2   the same, each dispatcher with 2 worker processes (CACHEROUTE_WORKERS=2)
-  cacheroute-nobus  the same as cacheroute without the record bus between its dispatchers
-                  (CACHEROUTE_RECORD_BUS=0; services/dispatcher/recordbus.py), for A/B runs
+  cacheroute-bus  the same with the record bus between its dispatchers on (CACHEROUTE_RECORD_BUS=1;
+                  services/dispatcher/recordbus.py; off by default, docs/experiments.md "The record bus
+                  live"). The 2026-12-03 A/B runs named the bus-on tier `cacheroute` and the bus-off one
+                  `cacheroute-nobus` (bench/results/peers/bound-*-t4-bus.json), before the default was set
   smg-ca          N x `python -m smg launch --policy cache_aware` (Shepherd Model Gateway 1.13,
                   its defaults; `-m smg` because sglang-router also installs a `smg` script),
                   each with its own tree (no coordination)
@@ -40,7 +42,7 @@ from typing import Any, Callable
 from peers_procs import Engines, Proc, cpu_seconds, free_port, spawn, wait_ready
 
 ROUTERS = ("cacheroute", "smg-ca", "smg-mesh", "sglang-ca", "sglang-rr", "vllm-ca", "direct")
-EXTRA_ROUTERS = ("cacheroute-w2", "cacheroute-nobus")      # variants of CacheRoute (module header)
+EXTRA_ROUTERS = ("cacheroute-w2", "cacheroute-bus")      # variants of CacheRoute (module header)
 PEER_DISTS = ("smg", "sglang-router", "vllm-router", "xllamacpp")
 
 # CacheRoute's settings, the same for every workload and scale: the stack's defaults (q_cap 20
@@ -209,9 +211,9 @@ async def start_router(name: str, scale: Any, engines: Engines, log_dir: Path, t
     workers = engines.urls
     if name == "direct":
         return Router(name, [workers[0]])
-    if name in ("cacheroute", "cacheroute-w2", "cacheroute-nobus"):
+    if name in ("cacheroute", "cacheroute-w2", "cacheroute-bus"):
         return await start_cacheroute(scale, engines, log_dir, tier=tier, workers=2 if name == "cacheroute-w2" else 1,
-                                      record_bus=name != "cacheroute-nobus")
+                                      record_bus=name == "cacheroute-bus")
     ports = [free_port() for _ in range(tier)]
     mports = [free_port() for _ in range(tier)]
     mesh_ports = [free_port() for _ in range(tier)]
@@ -233,7 +235,7 @@ async def start_router(name: str, scale: Any, engines: Engines, log_dir: Path, t
 
 
 async def start_cacheroute(scale: Any, engines: Engines, log_dir: Path, *, tier: int = 1, workers: int = 1,
-                           record_bus: bool = True) -> Router:
+                           record_bus: bool = False) -> Router:
     from services.local.stack import Stack, StackConfig
 
     kind = "llamacpp" if engines.kind == "llama" else "vllm"
@@ -246,7 +248,11 @@ async def start_cacheroute(scale: Any, engines: Engines, log_dir: Path, *, tier:
     os.environ["CACHEROUTE_POLL_TIMEOUT"] = str(POLL_TIMEOUT)
     os.environ["CACHEROUTE_HEALTH_TIMEOUT"] = str(POLL_TIMEOUT)    # the planner's checks (failure repair)
     os.environ["CACHEROUTE_WORKERS"] = str(workers)     # dispatcher worker processes sharing its ports
-    os.environ["CACHEROUTE_RECORD_BUS"] = "1" if record_bus else "0"    # set every time: one process starts many
+    # the dispatchers' default unless the variant asks for the bus (set every time: one process starts many)
+    if record_bus:
+        os.environ["CACHEROUTE_RECORD_BUS"] = "1"
+    else:
+        os.environ.pop("CACHEROUTE_RECORD_BUS", None)
     config = StackConfig(engines=len(engines.urls), dispatchers=tier, engine_kind=kind,
                          engine_urls=tuple(engines.urls), log_dir=str(log_dir / "cacheroute"), metrics=False,
                          seed=0)
