@@ -30,9 +30,10 @@ Environment variables (flags override them):
                                             the dispatcher (each worker) publishes what it routed over --redis
                                             (pub/sub, channel cr:{records}:bus) and feeds its peers' routes into
                                             its cold-home record and key memory; the share gate then counts the
-                                            live peers' open streams. Off without --redis. Default 0 (off)
-                                            until a live tier is measured with it: it opens the cold-home
-                                            rule's share gate in a tier (docs/experiments.md)
+                                            live peers' open streams. Off without --redis. Default 0 (off):
+                                            measured at a tier of 4 it won drift's p99 and lost (a)'s
+                                            (docs/experiments.md, "The record bus live"); turn it on for a
+                                            tier whose tenants' popularity moves
   CACHEROUTE_RECORD_INTERVAL (0.1)          seconds between two batches (well under the 0.25 s stats poll;
                                             docs/experiments.md, "The record bus between live dispatchers")
   CACHEROUTE_RECORD_BATCH_MAX (4096)        routed requests per batch (and accepted per received batch);

@@ -33,8 +33,9 @@ whose output buffer passes its pub/sub limit (32 MB by default; a batch is at mo
 Without a Redis store (an embedded dispatcher, the in-memory store) there is no bus.
 
 Knobs (defaults and their rules: docs/experiments.md, "The record bus between live dispatchers"):
-`--record-bus` 0 (off: with it on, a tier's share gate opens and the cold-home rule acts there,
-which a live tier has yet to measure; the same section),
+`--record-bus` 0 (off, by the live rule in docs/experiments.md "The record bus live": at a tier of
+4 the bus took drift's p99 from 1,693 to 1,272 ms, under smg's mesh, but (a) tenants' p99 from 693 to
+788 ms, over the rule's 1.1x; docs/peers.md has both runs),
 `interval` 0.1 s (well under the 0.25 s stats poll: peers' routes are known before the engines'
 loads are), `batch_max` 4096 entries (above one process's routing rate per interval).
 
