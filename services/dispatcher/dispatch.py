@@ -162,8 +162,9 @@ class Dispatcher:
         self.hold_seconds = Histogram("cacheroute_hold_seconds", "time a held request waited before it was routed",
                                       buckets=HOLD_BUCKETS, registry=registry)
         self.holding = Gauge("cacheroute_held_now", "requests held at the dispatcher now", registry=registry)
-        share = Gauge("cacheroute_dispatcher_share", "share of the cluster's in-flight requests this dispatcher "
-                      "routes (the cold-home rule's share gate; 1 = alone or unknown)", registry=registry)
+        share = Gauge("cacheroute_dispatcher_share", "share of the cluster's in-flight requests this dispatcher's "
+                      "record covers: its own, plus its live peers' with the record bus on (the cold-home "
+                      "rule's share gate; 1 = alone or unknown)", registry=registry)
         share.set_function(lambda: router.state.share)
         self.monitor = monitor
         self.backends: list[Backend] = monitor.backends
