@@ -32,15 +32,17 @@ class RecordSubscription:
     """The record bus's messages as raw bytes: `await start()`, `await get(timeout)` (None after
     `timeout` seconds without one), `await close()`. Errors are Unavailable, as every store call's."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store, channel: str | None = None, *, sharded: bool | None = None) -> None:
         self.store = store
-        self.channel = store.keys.records()
+        self.channel = store.keys.records() if channel is None else channel
+        # a shard channel in a Cluster (module header); the store's plan events pass sharded=False
+        self.sharded = store._cluster if sharded is None else sharded
         self._pubsub = None
 
     async def start(self) -> None:
         async with self.store._guard():
             self._pubsub = self.store._redis.pubsub(ignore_subscribe_messages=True)
-            if self.store._cluster:
+            if self.sharded:
                 await self._pubsub.ssubscribe(self.channel)
             else:
                 await self._pubsub.subscribe(self.channel)
@@ -50,7 +52,7 @@ class RecordSubscription:
             await self.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        read = self._pubsub.get_sharded_message if self.store._cluster else self._pubsub.get_message
+        read = self._pubsub.get_sharded_message if self.sharded else self._pubsub.get_message
         async with self.store._guard():
             while (left := deadline - loop.time()) > 0:
                 msg = await read(timeout=left)

@@ -70,7 +70,7 @@ from services.store.keys import (
     summary_of,
     unseal_blob,
 )
-from services.store.records import RecordChannel
+from services.store.records import RecordChannel, RecordSubscription
 from services.store.window_cache import BucketCache
 
 
@@ -649,32 +649,14 @@ class RedisStore(Store):
             await asyncio.to_thread(sync.close)
 
 
-class _RedisSubscription(Subscription):
-    def __init__(self, store: RedisStore) -> None:
-        self.store = store
-        self.channel = store._p("events")
-        self._pubsub = None
+class _RedisSubscription(RecordSubscription, Subscription):
+    """Plan events on the store's `events` channel: the record bus's raw subscription (plain
+    SUBSCRIBE, broadcast in a Cluster), each message decoded as a PlanEvent."""
 
-    async def start(self) -> None:
-        async with self.store._guard():
-            self._pubsub = self.store._redis.pubsub(ignore_subscribe_messages=True)
-            await self._pubsub.subscribe(self.channel)
+    def __init__(self, store: RedisStore) -> None:
+        super().__init__(store, store._p("events"), sharded=False)
 
     async def get(self, timeout: float) -> PlanEvent | None:
-        if self._pubsub is None:
-            await self.start()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        async with self.store._guard():
-            while (left := deadline - loop.time()) > 0:
-                msg = await self._pubsub.get_message(timeout=left)
-                if msg is not None and msg.get("type") == "message":
-                    return event_from_json(msg["data"])
-        return None
-
-    async def close(self) -> None:
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):
-                await self._pubsub.aclose()
-            self._pubsub = None
+        data = await super().get(timeout)
+        return None if data is None else event_from_json(data)
 
