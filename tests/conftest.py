@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.local.redis_server import RedisProcess
+from tests.faults.procs import Procs
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +42,13 @@ def redis_cluster_url(redis_cluster):
     """The session cluster, flushed: a `redis+cluster://host:port,...` URL."""
     redis_cluster.flushall()
     return redis_cluster.url
+
+
+@pytest.fixture
+def procs(tmp_path):
+    """Spawned service processes (tests/faults/procs.py), killed and reaped when the test ends."""
+    registry = Procs(tmp_path / "logs")
+    try:
+        yield registry
+    finally:
+        registry.cleanup()

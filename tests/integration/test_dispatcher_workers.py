@@ -26,14 +26,6 @@ from tests.faults.procs import Procs
 pytestmark = [pytest.mark.timeout(90)]
 
 
-@pytest.fixture
-def procs(tmp_path):
-    registry = Procs(tmp_path / "logs")
-    try:
-        yield registry
-    finally:
-        registry.cleanup()
-
 
 FRESH = [("grpc.use_local_subchannel_pool", 1)]     # a new TCP connection per channel
 

@@ -193,14 +193,6 @@ def test_a_redis_cluster_carries_the_bus_on_a_shard_channel(redis_cluster_url):
     asyncio.run(main())
 
 
-@pytest.fixture
-def procs(tmp_path):
-    registry = Procs(tmp_path / "logs")
-    try:
-        yield registry
-    finally:
-        registry.cleanup()
-
 
 def test_two_worker_processes_are_peers_and_stop_on_sigterm(procs: Procs, redis_url):
     engine = procs.start("engine", "engine-1", ["--replica-id", "engine-1", "--time-scale", "0.01"])
