@@ -19,15 +19,18 @@ from tests.faults.fake_engine import FakeEngine
 from tests.integration.test_dispatcher import wait_until
 
 
+def _one_engine(url: str) -> DispatcherConfig:
+    """A dispatcher with its HTTP API in front of one vLLM-kind engine, polled every 0.1 s."""
+    return DispatcherConfig(server=ServerConfig(name="dispatcher", port=0), replicas=parse_replicas(f"e0=vllm+{url}"),
+                            poll_interval=0.1, poll_timeout=0.5, seed=2, http=HttpConfig(port=0))
+
+
 @pytest.mark.parametrize("framing", ["lf", "crlf", "cr"])
 def test_sse_events_are_streamed_one_by_one_whatever_the_framing(framing):
     async def main():
         engine = await FakeEngine("slow", events=5, chunk_bytes=16, slow_seconds=0.3).start()
         engine.framing = framing
-        config = DispatcherConfig(server=ServerConfig(name="dispatcher", port=0),
-                                  replicas=parse_replicas(f"e0=vllm+{engine.url}"), poll_interval=0.1,
-                                  poll_timeout=0.5, seed=2, http=HttpConfig(port=0))
-        service = await serve(config)
+        service = await serve(_one_engine(engine.url))
         try:
             await wait_until(lambda: all(service.router.state.healthy), timeout=5)
             body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -95,10 +98,7 @@ async def _split_engine():
 def test_chunks_cut_inside_events_reach_the_client_unchanged_and_usage_is_found(include_usage):
     async def main():
         engine = await _split_engine()
-        config = DispatcherConfig(server=ServerConfig(name="dispatcher", port=0),
-                                  replicas=parse_replicas(f"e0=vllm+{engine.url}"), poll_interval=0.1,
-                                  poll_timeout=0.5, seed=2, http=HttpConfig(port=0))
-        service = await serve(config)
+        service = await serve(_one_engine(engine.url))
         try:
             await wait_until(lambda: all(service.router.state.healthy), timeout=5)
             body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}],
