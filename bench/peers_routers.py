@@ -6,10 +6,12 @@ the client spreading requests round robin over them (clients.openloop.Rotation).
   cacheroute      the stack (redis, collector, planner) and N dispatchers sharing its one plan
                   (services.local.stack, `dispatchers=N`), HTTP to the engines
   cacheroute-w2   the same, each dispatcher with 2 worker processes (CACHEROUTE_WORKERS=2)
-  cacheroute-bus  the same with the record bus between its dispatchers on (CACHEROUTE_RECORD_BUS=1;
-                  services/dispatcher/recordbus.py; off by default, docs/experiments.md "The record bus
-                  live"). The 2026-12-03 A/B runs named the bus-on tier `cacheroute` and the bus-off one
-                  `cacheroute-nobus` (bench/results/peers/bound-*-t4-bus.json), before the default was set
+  cacheroute-bus  the same with the record bus between its dispatchers forced on (CACHEROUTE_RECORD_BUS=1;
+                  services/dispatcher/recordbus.py; the default since 2026-12-06, docs/experiments.md "The
+                  record bus live, a second seed"); `cacheroute-nobus` forces it off (=0). The 2026-12-03
+                  A/B runs named the bus-on tier `cacheroute` and the bus-off one `cacheroute-nobus`
+                  (bench/results/peers/bound-*-t4-bus.json); the 2026-12-06 seed-2 runs (-bus-s2.json),
+                  when the default was still off, `cacheroute` (off) and `cacheroute-bus` (on)
   smg-ca          N x `python -m smg launch --policy cache_aware` (Shepherd Model Gateway 1.13,
                   its defaults; `-m smg` because sglang-router also installs a `smg` script),
                   each with its own tree (no coordination)
@@ -42,7 +44,7 @@ from typing import Any, Callable
 from peers_procs import Engines, Proc, cpu_seconds, free_port, spawn, wait_ready
 
 ROUTERS = ("cacheroute", "smg-ca", "smg-mesh", "sglang-ca", "sglang-rr", "vllm-ca", "direct")
-EXTRA_ROUTERS = ("cacheroute-w2", "cacheroute-bus")      # variants of CacheRoute (module header)
+EXTRA_ROUTERS = ("cacheroute-w2", "cacheroute-bus", "cacheroute-nobus")      # variants of CacheRoute (module header)
 PEER_DISTS = ("smg", "sglang-router", "vllm-router", "xllamacpp")
 
 # CacheRoute's settings, the same for every workload and scale: the stack's defaults (q_cap 20
@@ -211,9 +213,10 @@ async def start_router(name: str, scale: Any, engines: Engines, log_dir: Path, t
     workers = engines.urls
     if name == "direct":
         return Router(name, [workers[0]])
-    if name in ("cacheroute", "cacheroute-w2", "cacheroute-bus"):
+    if name in ("cacheroute", "cacheroute-w2", "cacheroute-bus", "cacheroute-nobus"):
+        bus = {"cacheroute-bus": True, "cacheroute-nobus": False}.get(name)
         return await start_cacheroute(scale, engines, log_dir, tier=tier, workers=2 if name == "cacheroute-w2" else 1,
-                                      record_bus=name == "cacheroute-bus")
+                                      record_bus=bus)
     ports = [free_port() for _ in range(tier)]
     mports = [free_port() for _ in range(tier)]
     mesh_ports = [free_port() for _ in range(tier)]
@@ -235,7 +238,7 @@ async def start_router(name: str, scale: Any, engines: Engines, log_dir: Path, t
 
 
 async def start_cacheroute(scale: Any, engines: Engines, log_dir: Path, *, tier: int = 1, workers: int = 1,
-                           record_bus: bool = False) -> Router:
+                           record_bus: bool | None = None) -> Router:
     from services.local.stack import Stack, StackConfig
 
     kind = "llamacpp" if engines.kind == "llama" else "vllm"
@@ -248,11 +251,12 @@ async def start_cacheroute(scale: Any, engines: Engines, log_dir: Path, *, tier:
     os.environ["CACHEROUTE_POLL_TIMEOUT"] = str(POLL_TIMEOUT)
     os.environ["CACHEROUTE_HEALTH_TIMEOUT"] = str(POLL_TIMEOUT)    # the planner's checks (failure repair)
     os.environ["CACHEROUTE_WORKERS"] = str(workers)     # dispatcher worker processes sharing its ports
-    # the dispatchers' default unless the variant asks for the bus (set every time: one process starts many)
-    if record_bus:
-        os.environ["CACHEROUTE_RECORD_BUS"] = "1"
-    else:
+    # the dispatchers' default (None) unless the variant forces the bus on or off (set every time:
+    # one process starts many)
+    if record_bus is None:
         os.environ.pop("CACHEROUTE_RECORD_BUS", None)
+    else:
+        os.environ["CACHEROUTE_RECORD_BUS"] = "1" if record_bus else "0"
     config = StackConfig(engines=len(engines.urls), dispatchers=tier, engine_kind=kind,
                          engine_urls=tuple(engines.urls), log_dir=str(log_dir / "cacheroute"), metrics=False,
                          seed=0)

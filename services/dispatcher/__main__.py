@@ -26,14 +26,15 @@ Environment variables (flags override them):
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
   CACHEROUTE_TELEMETRY_CAPACITY (100000)    buffered arrivals before new ones are dropped
   CACHEROUTE_MAX_BATCH (10000)              RouteBatch requests per call
-  CACHEROUTE_RECORD_BUS (0)                 1: the record bus (services/dispatcher/recordbus.py): every --record-interval
+  CACHEROUTE_RECORD_BUS (1)                 1: the record bus (services/dispatcher/recordbus.py): every --record-interval
                                             the dispatcher (each worker) publishes what it routed over --redis
                                             (pub/sub, channel cr:{records}:bus) and feeds its peers' routes into
                                             its cold-home record and key memory; the share gate then counts the
-                                            live peers' open streams. Off without --redis. Default 0 (off):
-                                            measured at a tier of 4 it won drift's p99 and lost (a)'s
-                                            (docs/experiments.md, "The record bus live"); turn it on for a
-                                            tier whose tenants' popularity moves
+                                            live peers' open streams. Off without --redis. Default 1 (on):
+                                            at a tier of 4 over two seeds it took drift's p99 from 1,513 to
+                                            1,190 ms and kept (a)'s within its rule (docs/experiments.md, "The
+                                            record bus live, a second seed"); 0 saves its CPU (each dispatcher
+                                            decodes every peer's batch 10 times a second)
   CACHEROUTE_RECORD_INTERVAL (0.1)          seconds between two batches (well under the 0.25 s stats poll;
                                             docs/experiments.md, "The record bus between live dispatchers")
   CACHEROUTE_RECORD_BATCH_MAX (4096)        routed requests per batch (and accepted per received batch);
@@ -126,7 +127,7 @@ def add_dispatcher_flags(parser: argparse.ArgumentParser) -> None:
     flag(g, "--telemetry-interval", env="TELEMETRY_INTERVAL", default=0.5, type=float, help="arrival flush period, seconds")
     flag(g, "--telemetry-capacity", env="TELEMETRY_CAPACITY", default=100000, type=int, help="buffered arrivals")
     flag(g, "--max-batch", env="MAX_BATCH", default=10000, type=int, help="RouteBatch requests per call")
-    flag(g, "--record-bus", env="RECORD_BUS", default=0, type=int, choices=(0, 1),
+    flag(g, "--record-bus", env="RECORD_BUS", default=1, type=int, choices=(0, 1),
          help="1: exchange routed requests with the other dispatchers over --redis (services/dispatcher/recordbus.py)")
     flag(g, "--record-interval", env="RECORD_INTERVAL", default=DEFAULT_INTERVAL, type=float,
          help="seconds between two record-bus batches")

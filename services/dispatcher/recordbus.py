@@ -33,9 +33,9 @@ whose output buffer passes its pub/sub limit (32 MB by default; a batch is at mo
 Without a Redis store (an embedded dispatcher, the in-memory store) there is no bus.
 
 Knobs (defaults and their rules: docs/experiments.md, "The record bus between live dispatchers"):
-`--record-bus` 0 (off, by the live rule in docs/experiments.md "The record bus live": at a tier of
-4 the bus took drift's p99 from 1,693 to 1,272 ms, under smg's mesh, but (a) tenants' p99 from 693 to
-788 ms, over the rule's 1.1x; docs/peers.md has both runs),
+`--record-bus` 1 (on, by the live rule over two seeds in docs/experiments.md "The record bus live, a
+second seed": at a tier of 4 drift's p99 1,513 -> 1,190 ms and hit 83.0 -> 85.0%, (a) tenants' hit
+86.6 -> 86.3% and p99 894 -> 917 ms, inside the rule's 1.1x; seed 1 alone had kept it off),
 `interval` 0.1 s (well under the 0.25 s stats poll: peers' routes are known before the engines'
 loads are), `batch_max` 4096 entries (above one process's routing rate per interval).
 

@@ -61,8 +61,8 @@ class DispatcherConfig:
     ext_proc_port: int = -1            # Envoy ext_proc endpoint picker (services/dispatcher/extproc.py): -1 off, 0 ephemeral
     uvloop: bool = True                # the process's event loop is uvloop's (services.rpc.loops.use_uvloop)
     # the record bus between dispatchers (services/dispatcher/recordbus.py); only with a Redis store.
-    # Off by default until a live tier measures it (docs/experiments.md, "The record bus ...")
-    record_bus: bool = False
+    # On by default: docs/experiments.md, "The record bus live, a second seed"
+    record_bus: bool = True
     record_interval: float = DEFAULT_INTERVAL
     record_batch_max: int = DEFAULT_BATCH_MAX
 

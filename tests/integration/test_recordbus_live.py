@@ -148,13 +148,13 @@ def test_bad_messages_are_dropped_and_counted_and_the_bus_keeps_working(redis_ur
     asyncio.run(main())
 
 
-def test_no_bus_without_a_redis_store_or_by_default(redis_url):
+def test_no_bus_without_a_redis_store_or_when_turned_off(redis_url):
     async def main():
         fleet = await EngineFleet(2, time_scale=0.01).start()
         try:
             alone = DispatcherService(dispatcher_config(fleet, record_bus=True))
-            off = DispatcherService(dispatcher_config(fleet, redis_url=redis_url))          # the default
-            on = DispatcherService(dispatcher_config(fleet, redis_url=redis_url, record_bus=True))
+            off = DispatcherService(dispatcher_config(fleet, redis_url=redis_url, record_bus=False))
+            on = DispatcherService(dispatcher_config(fleet, redis_url=redis_url))           # the default
             assert alone.bus is None and off.bus is None and on.bus is not None
             await alone.start()
             try:

@@ -158,3 +158,31 @@ def test_the_record_outlives_a_plan_install():
             assert q.pick(request("a", blocks(1)), s).replica != 2                  # evicted there
         else:
             assert q.pick(request("a", blocks(1)), s) == (2, Reason.PLANNED)        # nothing known
+
+
+@pytest.mark.parametrize("fresh", ["home", "move"])
+def test_a_never_seen_key_held_nowhere_stays_at_its_planned_home(fresh):
+    """A key a new plan admits (never routed, no replica holds it) meets a full record at its
+    home: with `cold_fresh` "home" (the default) it stays PLANNED and then lives there; "move"
+    (the rule before) read it as evicted and sent it to the least-backlogged candidate for good."""
+    p = make_policy("cacheroute", R, cold_fresh=fresh)
+    p.set_plan(make_plan({"a": (2,), "b": (2,), "c": (2,), "new": (2,)}))
+    s = cluster()
+    evict_a_from_home(p, s)                 # the record at replica 2 is full
+    backlog = [100] * R
+    backlog[2] = 6000
+    s.prefill_tokens[:] = backlog
+    first = p.pick(request("new", blocks(9)), s)
+    if fresh == "home":
+        assert first == (2, Reason.PLANNED)
+        assert p.pick(request("new", blocks(9)), s) == (2, Reason.PLANNED)   # held there now
+    else:
+        assert first.replica != 2 and first.reason == Reason.FALLBACK
+    # a key the memory has seen keeps the rule: "a" was evicted at home and is moved either way
+    assert p.pick(request("a", blocks(1)), s).reason == Reason.FALLBACK
+
+
+def test_cold_fresh_is_checked():
+    assert make_policy("cacheroute", R).cold_fresh == "home"
+    with pytest.raises(ValueError, match="cold_fresh"):
+        make_policy("cacheroute", R, cold_fresh="stay")

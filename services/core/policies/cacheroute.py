@@ -48,7 +48,9 @@ a replica caches is this policy's record of what it routed there: an LRU the siz
 KV pool (`ClusterState.kv_blocks`; unknown: the rule is off) of block hashes (`BlockLRU`) or, for
 requests without them (the HTTP API), of keys weighted by prompt tokens (`KeyLRU`). Until that
 record has evicted something from the home, a key missing there was never seen by this instance
-(a restarted dispatcher), so it stays; "oracle" reads the engines' caches where the state has them
+(a restarted dispatcher), so it stays; so does a key that no candidate holds and the key memory
+has never seen (`cold_fresh` "home"): a first sight, which costs a prefill anywhere and which the plan
+placed (a newly admitted key would otherwise live off its planned home for good); "oracle" reads the engines' caches where the state has them
 (the simulator), None turns the rule off. Measured (docs/experiments.md, "Drift in the engine-bound
 regime"): after a popularity shift the newly hot tenants' first requests queued at homes that had
 evicted them (the drift point's p99); with the rule they spread over the key's ring.
@@ -122,6 +124,11 @@ SHARE_MIN = 0.75        # alone (1) vs one of two (0.5): the midpoint (module he
 FIRST_SIGHTS = ("two", "least")
 FIRST_SIGHT = "two"
 COLD_HOMES = (None, "index", "keys", "oracle")
+# a key the cold-home rule finds held nowhere and never seen (not in the key memory): "home" = it
+# stays at its planned member (nothing to chase, and the plan placed it); "move" = treated as evicted
+# (before 2026-12-06); docs/experiments.md "The cold-home rule and never-seen keys"
+COLD_FRESHES = ("home", "move")
+COLD_FRESH = "home"
 
 
 def _check_members(table: Mapping[str, tuple[int, ...]], replicas: int) -> None:
@@ -152,7 +159,7 @@ class CacheRoutePolicy(PrefixRules):
                  spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS, hold: bool = HOLD,
                  hold_backlog: int | None = None, hold_spill: bool = True, cold_home: str | None = COLD_HOME,
                  first_sight: str = FIRST_SIGHT, cold_share: bool = COLD_SHARE,
-                 cold_backlog: bool = COLD_BACKLOG):
+                 cold_backlog: bool = COLD_BACKLOG, cold_fresh: str = COLD_FRESH):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
@@ -177,6 +184,9 @@ class CacheRoutePolicy(PrefixRules):
         self.cold_home = cold_home
         self.cold_share = cold_share
         self.cold_backlog = cold_backlog
+        if cold_fresh not in COLD_FRESHES:
+            raise ValueError(f"unknown cold_fresh {cold_fresh!r}; valid: {', '.join(COLD_FRESHES)}")
+        self.cold_fresh = cold_fresh
         if first_sight not in FIRST_SIGHTS:
             raise ValueError(f"unknown first_sight {first_sight!r}; valid: {', '.join(FIRST_SIGHTS)}")
         self.first_sight = first_sight
@@ -326,6 +336,8 @@ class CacheRoutePolicy(PrefixRules):
                 if len(cands) >= len(members) + 2:
                     break
         warm = [r for r in cands if holds(r)]
+        if not warm and self.cold_fresh == "home" and self.remembered(request.key) is None:
+            return None     # never seen, held nowhere: a first sight, which the plan placed
         backlog, load = state.prefill_tokens, state.in_flight
         pool = warm or cands
         pick = min(pool, key=lambda r: (backlog[r], load[r], r != best))
