@@ -45,15 +45,17 @@ router and rate the median and range over blocks, the load average at start and 
 CPU ratio cacheroute / vllm-router from the same run.
 
   cacheroute   the dispatcher alone, as in the default run: `python -m services.dispatcher
-               --workers 1 --engine-kind vllm`, no planner (no plan: its default cold-tail rule)
+               --workers 1 --engine-kind vllm`, no planner (no plan: its default cold-tail rule,
+               chwbl, bounded-load consistent hashing on the prompt's key)
   vllm-router  bench/peers_routers.py's `vllm-ca` launcher: `vllm-router --policy cache_aware`
   smg          bench/peers_routers.py's `smg-ca` launcher: `python -m smg launch --policy cache_aware`
 
 The peers are started by bench/peers_routers.py's own launcher (start_router, peer_command):
 their defaults, `--host 127.0.0.1`, their ports and `--request-timeout-secs`, with their default
-policy (cache_aware for both; nothing else is changed). A bare proxy routes to one engine, so
-the policy has no choice to make and should not matter; what a policy does per request (the
-peers' prefix tree, our key derivation) is in the CPU figure, as it would be in production.
+policy (cache_aware for both, as docs/peers.md runs them as `vllm-ca` and `smg-ca`; nothing
+else is changed). A bare proxy routes to one engine, so the policy has no choice to make and
+should not matter; what a policy does per request (the peers' prefix tree, our key
+derivation) is in the CPU figure, as it would be in production.
 Requests name the engines' model (smg routes by `model`). A response counts as an error unless
 it is a 200 whose stream ends with `data: [DONE]`.
 
