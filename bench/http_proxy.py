@@ -429,12 +429,12 @@ def beside_table(doc: dict) -> str:
              f"cacheroute = the dispatcher, one process, kind vllm, no plan; {versions or 'no peers'}",
              f"load average at start {load(doc['loadavg_start'])}, at end {load(doc['loadavg_end'])}; "
              f"median (min to max) over blocks; CPU = the router's process tree, user+system, minus its idle rate",
-             f"{'router':>12} {'req/s':>6} {'TTFB added p50 ms':>22} {'TTFB added p99 ms':>24} "
+             f"{'router':>12} {'req/s':>6} {'TTFB added p50 ms':>24} {'TTFB added p99 ms':>26} "
              f"{'CPU ms/request':>22} {'idle core':>9} {'requests':>8} {'errors':>6} {'lag p99':>7}"]
     rows = summary(doc)
     for r in rows:
-        lines.append(f"{r['router']:>12} {r['rate']:>6g} {cell(r['ttfb_added_p50_ms']):>22} "
-                     f"{cell(r['ttfb_added_p99_ms']):>24} {cell(r['cpu_ms_per_request'], '.3f'):>22} "
+        lines.append(f"{r['router']:>12} {r['rate']:>6g} {cell(r['ttfb_added_p50_ms']):>24} "
+                     f"{cell(r['ttfb_added_p99_ms']):>26} {cell(r['cpu_ms_per_request'], '.3f'):>22} "
                      f"{r['idle_cpu_share']['median']:>9.1%} {r['requests']:>8} "
                      f"{r['errors_proxied']:>6} {r['lag_p99_ms_max']:>7.1f}")
     by = {(r["router"], r["rate"]): r["cpu_ms_per_request"]["median"] for r in rows}
