@@ -42,24 +42,31 @@ direct, that block's own direct path), errors, and CPU per request = user+system
 the router's whole process tree (/proc/<pid>/stat of it and its descendants) over the proxied
 slices, minus the idle rate x their wall time, over the proxied requests. The table prints per
 router and rate the median and range over blocks, the load average at start and end, and the
-CPU ratio cacheroute / vllm-router from the same run.
+CPU ratio cacheroute / vllm-router (and / vllm-router-rr) from the same run.
 
-  cacheroute   the dispatcher alone, as in the default run: `python -m services.dispatcher
-               --workers 1 --engine-kind vllm`, no planner (no plan: its default cold-tail rule,
-               chwbl, bounded-load consistent hashing on the prompt's key)
-  vllm-router  bench/peers_routers.py's `vllm-ca` launcher: `vllm-router --policy cache_aware`
-  smg          bench/peers_routers.py's `smg-ca` launcher: `python -m smg launch --policy cache_aware`
+  cacheroute      the dispatcher alone, as in the default run: `python -m services.dispatcher
+                  --workers 1 --engine-kind vllm`, no planner (no plan: its default cold-tail rule,
+                  chwbl, bounded-load consistent hashing on the prompt's key)
+  vllm-router     bench/peers_routers.py's `vllm-ca` launcher: `vllm-router --policy cache_aware`
+  vllm-router-rr  its `vllm-rr` launcher: the same with `--policy round_robin`
+  smg             bench/peers_routers.py's `smg-ca` launcher: `python -m smg launch --policy cache_aware`
 
 The peers are started by bench/peers_routers.py's own launcher (start_router, peer_command):
 their defaults, `--host 127.0.0.1`, their ports and `--request-timeout-secs`, with their default
 policy (cache_aware for both, as docs/peers.md runs them as `vllm-ca` and `smg-ca`; nothing
-else is changed). A bare proxy routes to one engine, so the policy has no choice to make and
-should not matter; what a policy does per request (the peers' prefix tree, our key
-derivation) is in the CPU figure, as it would be in production.
+else is changed), and vllm-router once more with round_robin. A bare proxy routes to one engine,
+so no policy has a choice to make, but a policy's work per request is in the CPU figure, as it
+would be in production, and for vllm-router that work is I/O: with one engine, its cache_aware
+still posts `/v1/chat/completions/render` (404 on the simulated engine) and then `/tokenize` to
+the engine before every completion (probed with a stub engine: 20 requests, 20 of each;
+round_robin: the 20 completions only; smg, either policy: the completions only). So
+`vllm-router` is the peer as docs/peers.md runs it and `vllm-router-rr` the peer as a bare
+proxy; the table gives our ratio to both.
 Requests name the engines' model (smg routes by `model`). A response counts as an error unless
 it is a 200 whose stream ends with `data: [DONE]`.
 
-    .venv/bin/python bench/http_proxy.py --routers cacheroute,vllm-router,smg --rates 500 [--blocks 6] [--json]
+    .venv/bin/python bench/http_proxy.py --routers cacheroute,vllm-router,vllm-router-rr,smg --rates 500 \
+        [--blocks 6] [--json]
 """
 
 from __future__ import annotations
@@ -300,14 +307,15 @@ async def sweep_workers(args) -> None:
 
 # our name -> bench/peers_routers.py's launcher for it: each peer's own command line there (its
 # defaults, its default policy cache_aware, --host/ports/--request-timeout-secs set), not a copy
-PEER_LAUNCHERS = {"vllm-router": "vllm-ca", "smg": "smg-ca"}
+PEER_LAUNCHERS = {"vllm-router": "vllm-ca", "vllm-router-rr": "vllm-rr", "smg": "smg-ca"}
+PEER_DISTS = {"vllm-router": "vllm-router", "vllm-router-rr": "vllm-router", "smg": "smg"}   # for the versions
 ROUTER_CHOICES = ("cacheroute", *PEER_LAUNCHERS)
 PEER_TIMEOUT = 60.0          # the peers' --request-timeout-secs (the client's own is aiohttp's 5 min)
 
 
 def missing(name: str) -> str | None:
     """Why router `name` cannot run on this machine (None: it can)."""
-    if name == "vllm-router":
+    if name in ("vllm-router", "vllm-router-rr"):
         exe = Path(sys.executable).parent / "vllm-router"        # where peer_command runs it from
         return None if exe.is_file() else f"vllm-router is not installed ({exe}; pip install -e '.[peers]')"
     if name == "smg":
@@ -388,7 +396,7 @@ async def beside(args) -> dict:
             stop(e)
     return {"routers": args.routers, "engines": args.engines, "time_scale": args.time_scale,
             "seconds": args.seconds, "blocks_per_router": args.blocks, "idle_seconds": args.idle,
-            "rates": args.rates, "versions": {n: peer_version(n) for n in PEER_LAUNCHERS if n in args.routers},
+            "rates": args.rates, "versions": {n: peer_version(PEER_DISTS[n]) for n in PEER_LAUNCHERS if n in args.routers},
             "policies": {n: peer_policy(n) for n in PEER_LAUNCHERS if n in args.routers},
             "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "blocks": blocks}
 
@@ -421,7 +429,9 @@ def beside_table(doc: dict) -> str:
     def cell(s: dict, fmt: str = ".2f") -> str:
         return f"{s['median']:{fmt}} ({s['min']:{fmt}} to {s['max']:{fmt}})"
 
-    versions = ", ".join(f"{n} {v} (policy {doc['policies'][n]}, its default)" for n, v in doc["versions"].items())
+    versions = ", ".join(f"{n} {v} (policy {doc['policies'][n]}"
+                         f"{', its default' if doc['policies'][n] == 'cache_aware' else ''})"
+                         for n, v in doc["versions"].items())
     lines = [f"Bare proxy beside the peers: {doc['engines']} simulated engine(s) (time scale {doc['time_scale']:g}), "
              f"{doc['blocks_per_router']} block(s) per router in turn ({' '.join(doc['routers'])} ...), each router "
              f"started for its block; per block and rate {doc['seconds']:g} s per path (direct/proxied alternating); "
@@ -429,20 +439,21 @@ def beside_table(doc: dict) -> str:
              f"cacheroute = the dispatcher, one process, kind vllm, no plan; {versions or 'no peers'}",
              f"load average at start {load(doc['loadavg_start'])}, at end {load(doc['loadavg_end'])}; "
              f"median (min to max) over blocks; CPU = the router's process tree, user+system, minus its idle rate",
-             f"{'router':>12} {'req/s':>6} {'TTFB added p50 ms':>24} {'TTFB added p99 ms':>26} "
+             f"{'router':>14} {'req/s':>6} {'TTFB added p50 ms':>24} {'TTFB added p99 ms':>26} "
              f"{'CPU ms/request':>22} {'idle core':>9} {'requests':>8} {'errors':>6} {'lag p99':>7}"]
     rows = summary(doc)
     for r in rows:
-        lines.append(f"{r['router']:>12} {r['rate']:>6g} {cell(r['ttfb_added_p50_ms']):>24} "
+        lines.append(f"{r['router']:>14} {r['rate']:>6g} {cell(r['ttfb_added_p50_ms']):>24} "
                      f"{cell(r['ttfb_added_p99_ms']):>26} {cell(r['cpu_ms_per_request'], '.3f'):>22} "
                      f"{r['idle_cpu_share']['median']:>9.1%} {r['requests']:>8} "
                      f"{r['errors_proxied']:>6} {r['lag_p99_ms_max']:>7.1f}")
     by = {(r["router"], r["rate"]): r["cpu_ms_per_request"]["median"] for r in rows}
     for rate in doc["rates"]:
-        ours, theirs = by.get(("cacheroute", rate)), by.get(("vllm-router", rate))
-        if ours is not None and theirs:
-            lines.append(f"  {rate:g} req/s: CPU per request cacheroute / vllm-router {ours / theirs:.2f}x "
-                         f"(medians of the same run; goal <= 1: {'met' if ours <= theirs else 'NOT met'})")
+        for peer in ("vllm-router", "vllm-router-rr"):
+            ours, theirs = by.get(("cacheroute", rate)), by.get((peer, rate))
+            if ours is not None and theirs:
+                lines.append(f"  {rate:g} req/s: CPU per request cacheroute / {peer} {ours / theirs:.2f}x "
+                             f"(medians of the same run; goal <= 1: {'met' if ours <= theirs else 'NOT met'})")
     return "\n".join(lines)
 
 

@@ -47,4 +47,5 @@ def test_one_tiny_block_through_each_router(router):
     if router == "cacheroute":
         assert doc["versions"] == {} and doc["policies"] == {}
     else:
-        assert doc["versions"][router][0].isdigit() and doc["policies"][router] == "cache_aware"
+        policy = "round_robin" if router == "vllm-router-rr" else "cache_aware"
+        assert doc["versions"][router][0].isdigit() and doc["policies"][router] == policy

@@ -55,3 +55,18 @@ def test_no_ratio_without_vllm_router():
 def test_an_unknown_router_is_refused():
     with pytest.raises(ValueError, match="unknown router 'nginx'"):
         http_proxy.missing("nginx")
+
+
+def test_a_ratio_to_each_vllm_router_policy_and_no_default_claim_for_round_robin():
+    d = doc([block("cacheroute", 500.0, 0.6, 0.8, 3.0), block("vllm-router", 500.0, 0.5, 0.5, 2.0),
+             block("vllm-router-rr", 500.0, 0.3, 0.4, 1.0)], routers=("cacheroute", "vllm-router", "vllm-router-rr"))
+    d["versions"]["vllm-router-rr"] = "0.1.17"
+    d["policies"]["vllm-router-rr"] = "round_robin"
+    text = http_proxy.beside_table(d)
+    assert "cacheroute / vllm-router 1.20x" in text and "cacheroute / vllm-router-rr 2.00x" in text
+    assert "vllm-router-rr 0.1.17 (policy round_robin)" in text
+
+
+def test_each_peer_name_runs_its_own_launchers_policy():
+    assert {n: http_proxy.peer_policy(n) for n in http_proxy.PEER_LAUNCHERS} == {
+        "vllm-router": "cache_aware", "vllm-router-rr": "round_robin", "smg": "cache_aware"}
