@@ -20,6 +20,9 @@ the client spreading requests round robin over them (clients.openloop.Rotation).
   sglang-ca       N x `python -m sglang_router.launch_router --policy cache_aware`
   sglang-rr       the same with `--policy round_robin`
   vllm-ca         N x `vllm-router --policy cache_aware`
+  vllm-rr         the same with `--policy round_robin` (not in the default set; bench/http_proxy.py's
+                  bare proxy: vllm-router's cache_aware posts /v1/chat/completions/render and /tokenize
+                  to the engine for every request, even with one engine; round_robin posts neither)
   direct          no router: every request to engine 1 (one engine's queue; the tier is ignored)
 
 Every peer instance gets its own ports, `--host 127.0.0.1` and `--request-timeout-secs` equal
@@ -44,7 +47,7 @@ from typing import Any, Callable
 from peers_procs import Engines, Proc, cpu_seconds, free_port, spawn, wait_ready
 
 ROUTERS = ("cacheroute", "smg-ca", "smg-mesh", "sglang-ca", "sglang-rr", "vllm-ca", "direct")
-EXTRA_ROUTERS = ("cacheroute-w2", "cacheroute-bus", "cacheroute-nobus")      # variants of CacheRoute (module header)
+EXTRA_ROUTERS = ("cacheroute-w2", "cacheroute-bus", "cacheroute-nobus", "vllm-rr")   # variants, not in the default set (header)
 PEER_DISTS = ("smg", "sglang-router", "vllm-router", "xllamacpp")
 
 # CacheRoute's settings, the same for every workload and scale: the stack's defaults (q_cap 20
@@ -201,8 +204,9 @@ def peer_command(name: str, workers: list[str], port: int, mport: int, timeout: 
         policy = "cache_aware" if name == "sglang-ca" else "round_robin"
         return [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers, "--policy", policy,
                 *common, "--log-level", "warn"]
-    if name == "vllm-ca":
-        return [str(exe_dir / "vllm-router"), "--worker-urls", *workers, "--policy", "cache_aware", *common,
+    if name in ("vllm-ca", "vllm-rr"):
+        policy = "cache_aware" if name == "vllm-ca" else "round_robin"
+        return [str(exe_dir / "vllm-router"), "--worker-urls", *workers, "--policy", policy, *common,
                 "--log-level", "warning"]
     raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS + EXTRA_ROUTERS)}")
 
