@@ -13,7 +13,11 @@ Rule.
   never waits). Every `interval` seconds the buffer is swapped out and published as one batch:
   sender id, the sender's open streams (sum of `Router.outstanding`), its interval, the entries;
   entries past MAX_BATCH_BYTES are dropped and counted. A batch is published every interval,
-  empty or not, so it is also the sender's heartbeat.
+  empty or not, so it is also the sender's heartbeat. A router that hears no peer (alone: one
+  dispatcher, one worker) publishes every ALONE_BEACON (0.5) s instead, its batch stamped with that
+  period (so a peer that appears keeps it live for PEER_EXPIRY of those): nobody is listening to
+  the rest, and at 10 batches a second, each heard back by its own subscription, the bus cost a
+  lone dispatcher CPU for nothing. It returns to `interval` at the tick after it hears a peer.
 - Receive: one subscription; a batch from this sender is ignored; a bad one (not this codec,
   malformed, over MAX_BATCH_BYTES or `batch_max` entries) is dropped whole and counted; an entry
   naming a replica id this router does not have is skipped and counted. The rest go to the active
@@ -74,6 +78,7 @@ MAX_SENDER = 200                 # characters of a sender id
 DEFAULT_INTERVAL = 0.1
 DEFAULT_BATCH_MAX = 4096
 PEER_EXPIRY = 3                  # a peer's own intervals without a batch, then it is not live
+ALONE_BEACON = 0.5               # seconds between batches while no peer is heard (module header)
 RECEIVE_CHUNK = 256              # entries observed per event-loop step
 _HEAD = struct.Struct("<I")
 
@@ -240,8 +245,9 @@ class RecordBus:
 
     # ------------------------------------------------------------ send
 
-    async def flush(self) -> None:
-        """Publish the buffered routes as one batch (also a heartbeat when empty)."""
+    async def flush(self, every: float | None = None) -> None:
+        """Publish the buffered routes as one batch (also a heartbeat when empty), stamped with
+        `every`, the period until the next one (default: the interval)."""
         r = self.router
         buf = r.routes_out
         if buf is None:
@@ -251,7 +257,7 @@ class RecordBus:
             self.dropped["cap"] += r.routes_dropped
             r.routes_dropped = 0
         ids = r.ids
-        data, left = encode_batch(self.sender, sum(r.outstanding), self.interval,
+        data, left = encode_batch(self.sender, sum(r.outstanding), every or self.interval,
                                   [(ids[i], key, tokens, blocks) for i, key, tokens, blocks in buf])
         self.dropped["bytes"] += left
         try:
@@ -266,13 +272,22 @@ class RecordBus:
     async def _send_loop(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
+        beacon = max(self.interval, ALONE_BEACON)
+        since = beacon                           # the first tick publishes: peers find this router at once
         while True:
             next_at += self.interval
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             if loop.time() - next_at > self.interval:
                 next_at = loop.time()            # fell behind (a stalled loop): do not burst to catch up
-            await self.flush()
             self.expire(time.monotonic())
+            since += self.interval
+            if self.peers:
+                await self.flush()
+            elif since >= beacon - 1e-9:         # alone: a beacon, carrying what was routed since
+                await self.flush(beacon)
+            else:
+                continue
+            since = 0.0
 
     # ------------------------------------------------------------ receive
 

@@ -6,12 +6,13 @@ tests/integration/test_recordbus_live.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import orjson
 import pytest
 
 from services.core.policy import ClusterState
-from services.dispatcher.recordbus import (MAGIC, MAX_BATCH_BYTES, PEER_EXPIRY, BadBatch, Entry, RecordBus,
+from services.dispatcher.recordbus import (ALONE_BEACON, MAGIC, MAX_BATCH_BYTES, PEER_EXPIRY, BadBatch, Entry, RecordBus,
                                            decode_batch, encode_batch)
 from services.dispatcher.router import SHARE_ROUNDS, Router
 from services.model import Replica
@@ -169,3 +170,32 @@ def test_bad_knobs_are_refused():
     with pytest.raises(ValueError, match="batch max"):
         _bus(router(), batch_max=0)
     assert isinstance(ClusterState.empty(1).share, float)
+
+
+def test_alone_a_router_publishes_a_beacon_every_half_second_and_every_interval_once_it_hears_a_peer():
+    class Channel:
+        name = "test"
+
+        def __init__(self):
+            self.sent: list[float] = []
+
+        async def publish(self, data: bytes) -> None:
+            self.sent.append(decode_batch(data).interval)
+
+    async def main():
+        r = router()
+        bus = _bus(r, interval=0.05)
+        bus.channel = Channel()
+        r.routes_out = []
+        task = asyncio.create_task(bus._send_loop())
+        await asyncio.sleep(0.8)                 # alone: the first tick, then one beacon 0.5 s later
+        alone = list(bus.channel.sent)
+        for _ in range(6):                       # a live peer: its heartbeat every interval
+            await bus.handle(encode_batch("peer", 1, 0.05, [])[0], time.monotonic())
+            await asyncio.sleep(0.05)
+        task.cancel()
+        return alone, bus.channel.sent[len(alone):]
+
+    alone, together = asyncio.run(main())
+    assert 1 <= len(alone) <= 3 and set(alone) == {ALONE_BEACON}
+    assert len(together) >= 4 and set(together) == {0.05}
