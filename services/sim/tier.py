@@ -23,15 +23,26 @@ published (nothing was routed; hold is off by default). Measured in docs/experim
 bus in the simulator": with memory, a tier of 2 or 4 gets one router's drift figures, but by the rule
 written before the runs it missed the no-bus tier on (a) tenants at one point (tier 2 @16, 0.28 point
 of hit, tolerance 0.2), so the default stays off.
+
+Restarts (issue 24 (e); `restarts`, none by default): `(t, i)` replaces member i by a fresh
+`make(i)` given the tier's current plan, at the first pick whose arrival is at or past t (model
+seconds), as a live dispatcher restarted in place comes back with the plan (the planner re-sends it)
+and nothing else. `keep` names the per-instance state the new member takes over from the old one, for
+diagnosis: "memory" (the cold tail's key memory), "record" (the cold-home rule's record of what each
+replica holds); both is `carry_memory`, i.e. a restart that loses nothing. Bus deliveries still due
+to the old member go to the new one. experiments/restart_tier.py measures it.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from typing import Callable, Collection, Sequence
 
 from services.core.policy import ClusterState, Pick, Policy, Reason
 from services.core.request import Request
+
+
+KEEPS = frozenset({"memory", "record"})
 
 
 class Tier:
@@ -43,11 +54,23 @@ class Tier:
     With the bus on, members pick with share 1.0; `record_memory` is `observe`'s `memory`."""
 
     def __init__(self, make: Callable[[int], Policy], instances: int, record_delay: float | None = None,
-                 record_memory: bool = True):
+                 record_memory: bool = True, restarts: Sequence[tuple[float, int]] = (),
+                 keep: Collection[str] = ()):
         if instances < 1:
             raise ValueError(f"a tier needs at least one instance, got {instances}")
         if record_delay is not None and not record_delay >= 0:      # also rejects NaN
             raise ValueError(f"record_delay must be >= 0 simulated seconds or None, got {record_delay}")
+        bad = set(keep) - KEEPS
+        if bad:
+            raise ValueError(f"unknown state to keep over a restart: {', '.join(sorted(bad))}; valid: {', '.join(sorted(KEEPS))}")
+        for t, i in restarts:
+            if not 0 <= i < instances:
+                raise ValueError(f"restart of member {i}: the tier has members 0..{instances - 1}")
+        self.make = make
+        self.keep = frozenset(keep)
+        self._restarts = deque(sorted(restarts))
+        self.restarted = 0              # restarts made (for tests and diagnostics)
+        self._plan = None
         self.members = [make(i) for i in range(instances)]
         first = self.members[0]
         self.name = getattr(first, "name", type(first).__name__)
@@ -62,6 +85,8 @@ class Tier:
     def pick(self, request: Request, state: ClusterState) -> Pick:
         members = self.members
         n = len(members)
+        if self._restarts and self._restarts[0][0] <= request.arrival:
+            self._restart_due(request.arrival)
         k = self._next
         member = members[k]
         self._next = (k + 1) % n
@@ -90,6 +115,20 @@ class Tier:
                     observe(replica, request, state, memory=memory)
                     self.delivered += 1
 
+    def _restart_due(self, now: float) -> None:
+        while self._restarts and self._restarts[0][0] <= now:
+            _, i = self._restarts.popleft()
+            old, new = self.members[i], self.make(i)
+            new.set_plan(self._plan)
+            if self.keep:
+                new._seen, new._seen_old = (old._seen, old._seen_old) if "memory" in self.keep else ({}, {})
+                if "record" in self.keep:
+                    new._index = old._index
+            self.members[i] = new
+            self._observers[i] = getattr(new, "observe", None)
+            self.restarted += 1
+
     def set_plan(self, plan) -> None:
+        self._plan = plan
         for member in self.members:
             member.set_plan(plan)
