@@ -73,6 +73,8 @@ class Tier:
         self._plan = None
         self.members = [make(i) for i in range(instances)]
         first = self.members[0]
+        if self.keep and not hasattr(first, "carry_memory"):
+            raise ValueError(f"keep over a restart needs CacheRoute members, not {type(first).__name__}")
         self.name = getattr(first, "name", type(first).__name__)
         self.prefix = getattr(first, "prefix", False)
         self.record_delay = record_delay

@@ -52,6 +52,8 @@ def test_bad_restarts_and_keeps_are_refused():
         Tier(_Member, 2, restarts=[(1.0, 2)])
     with pytest.raises(ValueError, match="unknown state"):
         Tier(_Member, 2, keep=("plan",))
+    with pytest.raises(ValueError, match="needs CacheRoute members"):
+        Tier(_Member, 2, keep=("memory",))
 
 
 def _state():
