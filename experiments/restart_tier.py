@@ -14,6 +14,8 @@ once without restarts and once per variant of what a restarted member keeps:
     memory  the cold tail's key memory (where each key's latest request went)
     record  the cold-home rule's record of what each replica holds
     both    both (a restart that loses nothing but its pick order; must equal the control up to that)
+    peer    both, copied from the next member (a hand-over from a live peer, as a restarted dispatcher
+            could take one over the bus)
 
 with the record bus off and on (`--bus`, `Tier(record_delay=0.1 s wall, record_memory=True)`, the live
 default). Bins are token-weighted prefix hits over requests arriving in each 10 s of wall time
@@ -36,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-VARIANTS = {"fresh": (), "memory": ("memory",), "record": ("record",), "both": ("memory", "record")}
+VARIANTS = {"fresh": (), "memory": ("memory",), "record": ("record",), "both": ("memory", "record"),
+            "peer": ("peer", "memory", "record")}
 BUS_DELAY_WALL = 0.1        # the live record bus's interval (services/dispatcher/recordbus.py)
 
 

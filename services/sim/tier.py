@@ -29,12 +29,16 @@ Restarts (issue 24 (e); `restarts`, none by default): `(t, i)` replaces member i
 seconds), as a live dispatcher restarted in place comes back with the plan (the planner re-sends it)
 and nothing else. `keep` names the per-instance state the new member takes over from the old one, for
 diagnosis: "memory" (the cold tail's key memory), "record" (the cold-home rule's record of what each
-replica holds); both is `carry_memory`, i.e. a restart that loses nothing. Bus deliveries still due
-to the old member go to the new one. experiments/restart_tier.py measures it.
+replica holds); both is `carry_memory`, i.e. a restart that loses nothing. With "peer" the kept state
+is a copy of the next live member's instead (a hand-over from a peer, whose copy covers the whole tier's
+routes when the bus is on). Bus deliveries still due to the old member go to the new one.
+experiments/restart_tier.py measures it.
 """
 
 from __future__ import annotations
 
+import copy
+import types
 from collections import deque
 from typing import Callable, Collection, Sequence
 
@@ -42,7 +46,7 @@ from services.core.policy import ClusterState, Pick, Policy, Reason
 from services.core.request import Request
 
 
-KEEPS = frozenset({"memory", "record"})
+KEEPS = frozenset({"memory", "record", "peer"})
 
 
 class Tier:
@@ -123,6 +127,10 @@ class Tier:
             old, new = self.members[i], self.make(i)
             new.set_plan(self._plan)
             if self.keep:
+                if "peer" in self.keep:         # a copy: the peer goes on routing with its own
+                    peer = self.members[(i + 1) % len(self.members)]
+                    old = types.SimpleNamespace(_seen=dict(peer._seen), _seen_old=dict(peer._seen_old),
+                                                _index=copy.deepcopy(peer._index))
                 new._seen, new._seen_old = (old._seen, old._seen_old) if "memory" in self.keep else ({}, {})
                 if "record" in self.keep:
                     new._index = old._index

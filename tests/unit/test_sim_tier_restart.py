@@ -82,3 +82,20 @@ def test_keep_carries_the_key_memory_and_the_record_and_fresh_carries_neither():
         assert (new._seen is old._seen) == memory and (new._index is old._index) == record
         if not memory:
             assert new.remembered("t0") is None
+
+
+def test_keep_peer_copies_the_next_members_state():
+    def make(i):
+        return make_policy("cacheroute", 2, seed=i)
+
+    reqs = [Request(i, 0.1 * i, f"t{i % 3}", 64, 16, tuple(range(i % 3 * 10, i % 3 * 10 + 4))) for i in range(6)]
+    tier = Tier(make, 2, record_delay=0.0, restarts=[(0.45, 0)], keep=("peer", "memory", "record"))
+    tier.set_plan(None)
+    s = _state()
+    for r in reqs[:5]:
+        tier.pick(r, s)
+    peer = tier.members[1]
+    tier.pick(reqs[5], s)
+    new = tier.members[0]
+    assert new._seen == peer._seen and new._seen is not peer._seen          # a copy, not shared
+    assert new._index is not None and new._index is not peer._index
