@@ -22,7 +22,7 @@ default). Bins are token-weighted prefix hits over requests arriving in each 10 
 (model time x the scale's time scale), as bench/peers.py bins the live series; the dip and floor are
 bench/peers_misses.paired_dip's.
 
-    .venv/bin/python -m experiments.restart_tier --seeds 1,2,3 --bus off,on --out experiments/results/simrestart/runs.jsonl
+    .venv/bin/python -m experiments.restart_tier --seeds 1,2,3,4,5,6,7,8 --bus off,on --out experiments/results/simrestart/runs.jsonl
 """
 
 from __future__ import annotations
