@@ -39,6 +39,10 @@ Environment variables (flags override them):
                                             docs/experiments.md, "The record bus between live dispatchers")
   CACHEROUTE_RECORD_BATCH_MAX (4096)        routed requests per batch (and accepted per received batch);
                                             more in one interval are dropped and counted
+  CACHEROUTE_RECORD_HANDOVER (1)            1: a dispatcher starting on the bus asks its peers for their key
+                                            memory and record for 3 s, and answers a starting peer (the
+                                            record bus's "Hand-over"; a restart on the bus otherwise starts
+                                            blind: docs/experiments.md, "Rolling restart of a tier")
   CACHEROUTE_CALLER_TELEMETRY_RATE (100)    Route/RouteBatch arrivals per second one caller (tenant, else
                                             peer host) may add to the planner's input; 0 = no bound
                                             (services/dispatcher/budget.py). Generate arrivals count once served.
@@ -133,6 +137,9 @@ def add_dispatcher_flags(parser: argparse.ArgumentParser) -> None:
          help="seconds between two record-bus batches")
     flag(g, "--record-batch-max", env="RECORD_BATCH_MAX", default=DEFAULT_BATCH_MAX, type=int,
          help="routed requests per record-bus batch, the rest dropped and counted")
+    flag(g, "--record-handover", env="RECORD_HANDOVER", default=1, type=int, choices=(0, 1),
+         help="1: a starting dispatcher asks its record-bus peers for their key memory and record, and "
+              "answers a starting peer (services/dispatcher/recordbus.py, 'Hand-over')")
     flag(g, "--seed", env="SEED", default=None, type=int, shown="random", help="P2C seed")
     flag(g, "--caller-telemetry-rate", env="CALLER_TELEMETRY_RATE", default=100.0, type=float,
          help="Route/RouteBatch arrivals/s one caller may add to the planner's input, 0 = unbounded")
@@ -256,7 +263,8 @@ def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
         seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
         budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring, engine_keys=keys,
         ext_proc_port=args.ext_proc_port, uvloop=bool(args.uvloop),
-        record_bus=bool(args.record_bus), record_interval=args.record_interval, record_batch_max=args.record_batch_max)
+        record_bus=bool(args.record_bus), record_interval=args.record_interval, record_batch_max=args.record_batch_max,
+        record_handover=bool(args.record_handover))
 
 
 def _replicas(args: argparse.Namespace) -> tuple:

@@ -28,6 +28,21 @@ Rule.
   for PEER_EXPIRY (3) of its own intervals after its last batch (one lost message does not drop
   it; a stopped peer leaves within ~0.3 s). Updated on every batch and every send tick.
 
+Hand-over. A router that starts on the bus knows nothing of where keys are, while every live peer's
+record and key memory already hold the whole tier's routes (in the simulator a restart on the bus
+cost 2.0-5.2 hit points in one bin, a copy of a peer's state 0.0 on 6 of 8 seeds: docs/experiments.md,
+"Rolling restart of a tier in the simulator"). So for its first HANDOVER_WAIT (3) seconds a router's
+batches carry "h": it asks. The live peer with the lowest sender id among those not asking
+themselves (every peer computes the same one from what it hears) answers each asker once: it copies
+its policy's key memory and record (`CacheRoutePolicy.handover`), encodes it off the event loop and
+writes it with SET NX, expiring after HANDOVER_TTL (30) s, to the asker's key
+`{prefix}:{records}:handover:<sender>`. The asker reads and deletes that key (GETDEL) at each send
+tick while it asks; what it finds is decoded off the loop, its replica ids mapped to its own slots
+(unknown ones skipped) and taken in as older than its own routes (`CacheRoutePolicy.absorb`). A
+router alone hears nobody and stops asking after the wait. Bad hand-overs (not this codec, over
+MAX_HANDOVER_BYTES) are dropped and counted; none arriving is counted too. `--record-handover 0`
+turns both sides off.
+
 Transport: Redis pub/sub on the store's channel `{prefix}:{records}:bus` (services/store/keys.py),
 through the dispatcher's own RedisStore connection config: PUBLISH / SUBSCRIBE on one node,
 SPUBLISH / SSUBSCRIBE in a Redis Cluster (a shard channel: one shard carries it, not every node;
@@ -45,8 +60,12 @@ loads are), `batch_max` 4096 entries (above one process's routing rate per inter
 
 Codec (`encode_batch` / `decode_batch`): MAGIC, a 4-byte little-endian header length, an orjson
 header {"s": sender, "o": outstanding, "i": interval, "r": [replica ids], "e": [[replica index
-into r, key, prompt tokens, block count], ...]}, then every entry's block hashes as one
-little-endian uint64 array in entry order.
+into r, key, prompt tokens, block count], ...], "h": 1 while asking for a hand-over}, then every
+entry's block hashes as one little-endian uint64 array in entry order.
+Hand-over (`encode_handover` / `decode_handover`): HANDOVER_MAGIC, the same header length, an
+orjson header {"s": giver, "r": [replica ids], "m": [[key, replica index], ...] least recent first,
+"k": "blocks" | "keys" | null, "b": record capacity in blocks, "x": per replica [[key, tokens], ...]
+("keys") or its block count ("blocks")}, then the "blocks" record's hashes as one uint64 array.
 """
 
 from __future__ import annotations
@@ -65,6 +84,7 @@ import numpy as np
 import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.core.policies._caches import Handover
 from services.core.request import Request
 from services.errors import Unavailable
 from services.model import MAX_KEY_BYTES
@@ -73,7 +93,11 @@ from services.rpc import kv
 log = logging.getLogger("cacheroute.dispatcher.recordbus")
 
 MAGIC = b"CRB1"
+HANDOVER_MAGIC = b"CRH1"
 MAX_BATCH_BYTES = 1 << 20        # one message, both ends (docs/experiments.md)
+MAX_HANDOVER_BYTES = 64 << 20    # one hand-over (2 x 65,536 remembered keys and a record: a few MB)
+HANDOVER_WAIT = 3.0              # seconds a starting router asks for a hand-over (module header)
+HANDOVER_TTL = 30                # seconds an unread hand-over is kept
 MAX_SENDER = 200                 # characters of a sender id
 DEFAULT_INTERVAL = 0.1
 DEFAULT_BATCH_MAX = 4096
@@ -105,10 +129,11 @@ class Batch:
     outstanding: int
     interval: float
     entries: tuple[Entry, ...]
+    asking: bool = False             # the sender asks for a hand-over (module header)
 
 
 def encode_batch(sender: str, outstanding: int, interval: float, entries: Sequence[tuple[str, str, int, Sequence[int]]],
-                 *, max_bytes: int = MAX_BATCH_BYTES) -> tuple[bytes, int]:
+                 *, max_bytes: int = MAX_BATCH_BYTES, asking: bool = False) -> tuple[bytes, int]:
     """(message, entries left out): the entries (replica id, key, prompt tokens, blocks) in order
     while the message stays within `max_bytes`; the rest are left out (counted by the caller)."""
     ids: dict[str, int] = {}
@@ -118,30 +143,38 @@ def encode_batch(sender: str, outstanding: int, interval: float, entries: Sequen
     for n, (replica, key, tokens, chain) in enumerate(entries):
         cost = 8 * len(chain) + len(key.encode()) + 24 + (0 if replica in ids else len(replica) + 4)
         if size + cost > max_bytes:
-            return _pack(sender, outstanding, interval, ids, rows, blocks), len(entries) - n
+            return _pack(sender, outstanding, interval, ids, rows, blocks, asking), len(entries) - n
         size += cost
         r = ids.setdefault(replica, len(ids))
         rows.append([r, key, int(tokens), len(chain)])
         blocks.extend(chain)
-    return _pack(sender, outstanding, interval, ids, rows, blocks), 0
+    return _pack(sender, outstanding, interval, ids, rows, blocks, asking), 0
 
 
-def _pack(sender: str, outstanding: int, interval: float, ids: dict[str, int], rows: list, blocks: list[int]) -> bytes:
-    head = orjson.dumps({"s": sender, "o": int(outstanding), "i": float(interval), "r": list(ids), "e": rows})
-    tail = np.array(blocks, dtype="<u8").tobytes() if blocks else b""
-    return b"".join((MAGIC, _HEAD.pack(len(head)), head, tail))
+def _pack(sender: str, outstanding: int, interval: float, ids: dict[str, int], rows: list, blocks: list[int],
+          asking: bool) -> bytes:
+    head = {"s": sender, "o": int(outstanding), "i": float(interval), "r": list(ids), "e": rows}
+    if asking:
+        head["h"] = 1
+    return _frame(MAGIC, head, blocks)
 
 
-def decode_batch(data: bytes, *, max_entries: int = DEFAULT_BATCH_MAX, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
-    """The batch in `data`; BadBatch (reason "oversize" or "garbage") for anything else."""
+def _frame(magic: bytes, head: dict, blocks) -> bytes:
+    raw = orjson.dumps(head)
+    tail = np.asarray(blocks, dtype="<u8").tobytes() if len(blocks) else b""
+    return b"".join((magic, _HEAD.pack(len(raw)), raw, tail))
+
+
+def _unframe(data, magic: bytes, max_bytes: int, what: str) -> tuple[dict, memoryview]:
+    """(header, block tail) of one message; BadBatch (module header) for anything else."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise BadBatch("garbage", f"not bytes: {type(data).__name__}")
     if len(data) > max_bytes:
         raise BadBatch("oversize", f"{len(data)} bytes > {max_bytes}")
-    if len(data) < len(MAGIC) + _HEAD.size or bytes(data[:len(MAGIC)]) != MAGIC:
-        raise BadBatch("garbage", "no record-batch magic")
-    (n,) = _HEAD.unpack_from(data, len(MAGIC))
-    start = len(MAGIC) + _HEAD.size
+    if len(data) < len(magic) + _HEAD.size or bytes(data[:len(magic)]) != magic:
+        raise BadBatch("garbage", f"no {what} magic")
+    (n,) = _HEAD.unpack_from(data, len(magic))
+    start = len(magic) + _HEAD.size
     if n > len(data) - start:
         raise BadBatch("garbage", "header longer than the message")
     try:
@@ -150,6 +183,15 @@ def decode_batch(data: bytes, *, max_entries: int = DEFAULT_BATCH_MAX, max_bytes
         raise BadBatch("garbage", "header is not JSON") from None
     if not isinstance(head, dict):
         raise BadBatch("garbage", "header is not an object")
+    tail = memoryview(data)[start + n:]
+    if len(tail) % 8:
+        raise BadBatch("garbage", "block array is not whole uint64s")
+    return head, tail
+
+
+def decode_batch(data: bytes, *, max_entries: int = DEFAULT_BATCH_MAX, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
+    """The batch in `data`; BadBatch (reason "oversize" or "garbage") for anything else."""
+    head, tail = _unframe(data, MAGIC, max_bytes, "record-batch")
     sender, outstanding, interval, ids, rows = (head.get(k) for k in ("s", "o", "i", "r", "e"))
     if not isinstance(sender, str) or not 0 < len(sender) <= MAX_SENDER:
         raise BadBatch("garbage", "bad sender id")
@@ -163,9 +205,6 @@ def decode_batch(data: bytes, *, max_entries: int = DEFAULT_BATCH_MAX, max_bytes
         raise BadBatch("garbage", "bad entries")
     if len(rows) > max_entries:
         raise BadBatch("oversize", f"{len(rows)} entries > {max_entries}")
-    tail = memoryview(data)[start + n:]
-    if len(tail) % 8:
-        raise BadBatch("garbage", "block array is not whole uint64s")
     hashes = np.frombuffer(tail, dtype="<u8").tolist()
     entries, at = [], 0
     for row in rows:
@@ -180,7 +219,61 @@ def decode_batch(data: bytes, *, max_entries: int = DEFAULT_BATCH_MAX, max_bytes
         at = end
     if at != len(hashes):
         raise BadBatch("garbage", "blocks left over after the entries")
-    return Batch(sender, outstanding, float(interval), tuple(entries))
+    return Batch(sender, outstanding, float(interval), tuple(entries), head.get("h") == 1)
+
+
+def encode_handover(giver: str, ids: Sequence[str], state: Handover) -> bytes:
+    """A policy's hand-over (its slot indexes) as one message naming replicas by id (module header)."""
+    head = {"s": giver, "r": list(ids), "m": state.memory, "k": state.kind, "b": int(state.blocks)}
+    blocks: list[int] = []
+    if state.kind == "blocks":
+        head["x"] = [len(entries) for entries in state.record]
+        for entries in state.record:
+            blocks.extend(entries)
+    else:
+        head["x"] = [list(entries) for entries in state.record]
+    return _frame(HANDOVER_MAGIC, head, blocks)
+
+
+def decode_handover(data: bytes, ids: Sequence[str], *, max_bytes: int = MAX_HANDOVER_BYTES) -> tuple[str, Handover]:
+    """(giver, the hand-over in `ids`' slot indexes): replicas the giver names that are not in
+    `ids` are left out; BadBatch for bytes that are not a hand-over."""
+    head, tail = _unframe(data, HANDOVER_MAGIC, max_bytes, "hand-over")
+    giver, names, memory, kind, blocks, record = (head.get(k) for k in ("s", "r", "m", "k", "b", "x"))
+    if not isinstance(giver, str) or not 0 < len(giver) <= MAX_SENDER:
+        raise BadBatch("garbage", "bad giver id")
+    if not isinstance(names, list) or not all(isinstance(r, str) for r in names):
+        raise BadBatch("garbage", "bad replica ids")
+    if kind not in (None, "blocks", "keys") or type(blocks) is not int or blocks < 0:
+        raise BadBatch("garbage", "bad record kind or capacity")
+    if not isinstance(memory, list) or not isinstance(record, list) or (kind and len(record) != len(names)):
+        raise BadBatch("garbage", "bad memory or record")
+    slot = {name: ids.index(name) if name in ids else -1 for name in names}
+    local = [slot[name] for name in names]
+    n = len(local)
+    if not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and type(e[1]) is int
+               and 0 <= e[1] < n for e in memory):
+        raise BadBatch("garbage", "bad memory entry")
+    mem = [(k, local[r]) for k, r in memory if local[r] >= 0]
+    out: list[list] = [[] for _ in ids]
+    if kind == "blocks":
+        hashes = np.frombuffer(tail, dtype="<u8")
+        if not all(type(n) is int and n >= 0 for n in record) or sum(record) != len(hashes):
+            raise BadBatch("garbage", "record counts do not match its blocks")
+        at = 0
+        for i, n in enumerate(record):
+            if local[i] >= 0:
+                out[local[i]] = hashes[at:at + n].tolist()
+            at += n
+    elif kind == "keys":
+        for i, entries in enumerate(record):
+            if not isinstance(entries, list) or not all(
+                    isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and type(e[1]) is int and e[1] >= 0
+                    for e in entries):
+                raise BadBatch("garbage", "bad record entry")
+            if local[i] >= 0:
+                out[local[i]] = [(k, t) for k, t in entries]
+    return giver, Handover(mem, kind, blocks, out if kind else ())
 
 
 def sender_id(dispatcher_id: str) -> str:
@@ -193,7 +286,7 @@ class RecordBus:
     """One router's end of the bus: `await start()`, then `await stop()` (module header)."""
 
     def __init__(self, router, store, sender: str, *, interval: float = DEFAULT_INTERVAL,
-                 batch_max: int = DEFAULT_BATCH_MAX) -> None:
+                 batch_max: int = DEFAULT_BATCH_MAX, handover: bool = True) -> None:
         if not 0 < interval <= 60:
             raise ValueError(f"record interval must be in (0, 60] seconds, got {interval!r}")
         if batch_max < 1:
@@ -203,12 +296,16 @@ class RecordBus:
         self.sender = sender
         self.interval = interval
         self.batch_max = batch_max
-        self.peers: dict[str, tuple[float, int, float]] = {}   # sender -> (last seen, outstanding, its interval)
+        self.peers: dict[str, tuple[float, int, float, bool]] = {}   # sender -> (last seen, outstanding, its interval, asking)
         self.published = [0, 0]          # batches, entries
         self.received = [0, 0]           # batches from peers, entries observed
         self.dropped: dict[str, int] = {"cap": 0, "bytes": 0, "garbage": 0, "oversize": 0, "unknown_replica": 0,
                                         "publish_failed": 0}
         self.own = 0                     # own batches heard back (the subscription works)
+        self.handover = handover
+        self.asking_until: float | None = None   # monotonic deadline while this router asks (module header)
+        self.handovers: dict[str, int] = {"given": 0, "taken": 0, "none": 0, "bad": 0, "failed": 0}
+        self._answered: dict[str, float] = {}   # askers this router answered -> when (each once)
         self._tasks: list[asyncio.Task] = []
         self._sub = None
         self._stopping = False
@@ -219,6 +316,8 @@ class RecordBus:
     async def start(self) -> "RecordBus":
         self.router.routes_cap = self.batch_max
         self.router.routes_out = []
+        if self.handover:
+            self.asking_until = time.monotonic() + HANDOVER_WAIT
         self._tasks = [asyncio.create_task(self._send_loop(), name="record-bus-send"),
                        asyncio.create_task(self._receive_loop(), name="record-bus-receive")]
         log.info("record bus on", extra=kv(sender=self.sender, channel=self.channel.name,
@@ -258,7 +357,8 @@ class RecordBus:
             r.routes_dropped = 0
         ids = r.ids
         data, left = encode_batch(self.sender, sum(r.outstanding), every or self.interval,
-                                  [(ids[i], key, tokens, blocks) for i, key, tokens, blocks in buf])
+                                  [(ids[i], key, tokens, blocks) for i, key, tokens, blocks in buf],
+                                  asking=self.asking_until is not None)
         self.dropped["bytes"] += left
         try:
             await self.channel.publish(data)
@@ -280,6 +380,8 @@ class RecordBus:
             if loop.time() - next_at > self.interval:
                 next_at = loop.time()            # fell behind (a stalled loop): do not burst to catch up
             self.expire(time.monotonic())
+            if self.asking_until is not None:
+                await self.take_handover(time.monotonic())
             since += self.interval
             if self.peers:
                 await self.flush()
@@ -323,8 +425,11 @@ class RecordBus:
             self.own += 1
             return
         self.received[0] += 1
-        self.peers[batch.sender] = (now, batch.outstanding, batch.interval)
+        self.peers[batch.sender] = (now, batch.outstanding, batch.interval, batch.asking)
         self.expire(now)
+        if batch.asking and self._answers(batch.sender, now):
+            self._tasks = [t for t in self._tasks if not t.done()]
+            self._tasks.append(asyncio.create_task(self.give_handover(batch.sender), name="record-bus-handover"))
         r = self.router
         entries = batch.entries
         for start in range(0, len(entries), RECEIVE_CHUNK):
@@ -343,12 +448,72 @@ class RecordBus:
                 observe(i, Request(0, 0.0, e.key, e.prompt_tokens, 0, e.blocks), state)
                 self.received[1] += 1
 
+    # ------------------------------------------------------------ hand-over
+
+    def _answers(self, asker: str, now: float) -> bool:
+        """Whether this router hands `asker` its state: once per asker, by the lowest sender id
+        among the live peers that are not asking themselves and this router (module header)."""
+        if not self.handover or self.asking_until is not None or asker in self._answered:
+            return False
+        for s in [s for s, t in self._answered.items() if now - t > HANDOVER_TTL]:
+            del self._answered[s]
+        givers = [s for s, v in self.peers.items() if s != asker and not v[3]]
+        if min(givers, default=self.sender) < self.sender:
+            return False
+        self._answered[asker] = now
+        return True
+
+    async def give_handover(self, asker: str) -> None:
+        """Copy the policy's key memory and record now, encode it off the loop, SET NX it."""
+        handover = getattr(self.router.policy, "handover", None)
+        if handover is None:
+            return
+        state = handover()                 # fresh lists, copied here on the loop: the policy goes on routing
+        try:
+            blob = await asyncio.to_thread(encode_handover, self.sender, list(self.router.ids), state)
+            await self.channel.put_handover(asker, blob, HANDOVER_TTL)
+        except Unavailable as exc:
+            self.handovers["failed"] += 1
+            self._warn("handover", str(exc))
+            return
+        self.handovers["given"] += 1
+        log.info("record bus: hand-over given", extra=kv(sender=self.sender, to=asker, keys=len(state.memory),
+                                                         bytes=len(blob)))
+
+    async def take_handover(self, now: float) -> None:
+        """One read of this router's hand-over key while it asks; absorb what is there."""
+        try:
+            blob = await self.channel.take_handover(self.sender)
+        except Unavailable as exc:
+            self._warn("handover", str(exc))
+            blob = None
+        if blob is None:
+            if now >= self.asking_until:
+                self.asking_until = None
+                self.handovers["none"] += 1
+                if self.peers:
+                    log.info("record bus: no hand-over came", extra=kv(sender=self.sender, peers=len(self.peers)))
+            return
+        self.asking_until = None
+        r = self.router
+        try:
+            giver, state = await asyncio.to_thread(decode_handover, blob, list(r.ids))
+        except BadBatch as exc:
+            self.handovers["bad"] += 1
+            self._warn("handover", str(exc))
+            return
+        absorb = getattr(r.policy, "absorb", None)     # the policy active now (an install may have swapped it)
+        if absorb is not None:
+            absorb(state)
+        self.handovers["taken"] += 1
+        log.info("record bus: hand-over taken", extra=kv(sender=self.sender, giver=giver, keys=len(state.memory)))
+
     def expire(self, now: float) -> None:
         """Forget peers silent for PEER_EXPIRY of their intervals; set Router.peer_outstanding."""
         peers = self.peers
-        for sender in [s for s, (seen, _, every) in peers.items() if now - seen > PEER_EXPIRY * every]:
+        for sender in [s for s, (seen, _, every, _) in peers.items() if now - seen > PEER_EXPIRY * every]:
             del peers[sender]
-        self.router.peer_outstanding = sum(o for _, o, _ in peers.values())
+        self.router.peer_outstanding = sum(v[1] for v in peers.values())
 
     def _warn(self, what: str, detail: str) -> None:
         """A warning per kind at most every 10 s (a Redis outage must not flood the log)."""
@@ -383,6 +548,13 @@ class RecordBusMetrics:
         for reason, n in b.dropped.items():
             dropped.add_metric([reason], n)
         yield dropped
+        handovers = CounterMetricFamily("cacheroute_dispatcher_record_handovers",
+                                        "record-bus hand-overs (module header): given to a starting peer, taken at "
+                                        "this router's start, none came, bad (dropped), failed (store error)",
+                                        labels=["outcome"])
+        for outcome, n in b.handovers.items():
+            handovers.add_metric([outcome], n)
+        yield handovers
         yield GaugeMetricFamily("cacheroute_dispatcher_record_peers", "live peers on the record bus", len(b.peers))
         yield GaugeMetricFamily("cacheroute_dispatcher_record_peer_outstanding",
                                 "open streams the live peers last reported (the share's peer term)",

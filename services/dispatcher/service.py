@@ -65,6 +65,7 @@ class DispatcherConfig:
     record_bus: bool = True
     record_interval: float = DEFAULT_INTERVAL
     record_batch_max: int = DEFAULT_BATCH_MAX
+    record_handover: bool = True         # hand-over to a starting dispatcher (recordbus.py)
 
 
 class RouterMetrics:
@@ -152,7 +153,8 @@ class DispatcherService:
                          if config.collector else None)
         self._settling = None              # no collector: the deferred arrivals are settled on a task of their own
         self.bus = (RecordBus(self.router, self.store, sender_id(config.dispatcher_id),
-                              interval=config.record_interval, batch_max=config.record_batch_max)
+                              interval=config.record_interval, batch_max=config.record_batch_max,
+                              handover=config.record_handover)
                     if config.record_bus and self.store is not None else None)
         self.running: RunningServer | None = None
         self.http: HttpApi | None = None

@@ -64,6 +64,10 @@ class Keys:
         Its own hash tag: in a Redis Cluster it is a shard channel owned by one slot's node."""
         return f"{self.prefix}:{{records}}:bus"
 
+    def handover(self, sender: str) -> str:
+        """A record-bus hand-over to the starting dispatcher `sender` (a string with a TTL)."""
+        return f"{self.prefix}:{{records}}:handover:{sender}"
+
 
 # ---------------------------------------------------------------------------------------------
 # cache-counter fields: "replica|p", "replica|c", "replica|r", "replica|f", "replica|o"

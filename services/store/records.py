@@ -1,5 +1,6 @@
 """The record bus's transport (services/dispatcher/recordbus.py): opaque batches between
-dispatchers on the pub/sub channel `Keys.records()` (`{prefix}:{records}:bus`; nothing stored).
+dispatchers on the pub/sub channel `Keys.records()` (`{prefix}:{records}:bus`; nothing stored), and
+hand-overs to a starting dispatcher in `Keys.handover(sender)` (a string, expiring; same hash tag).
 
 One node: PUBLISH / SUBSCRIBE (any Redis version). A Redis Cluster: SPUBLISH / SSUBSCRIBE (Redis
 7.0+; redis-py's ClusterPubSub routes them to the node owning the channel's slot), so a batch
@@ -23,6 +24,16 @@ class RecordChannel:
             if self.store._cluster:
                 return int(await self.store._redis.spublish(self.name, blob))
             return int(await self.store._redis.publish(self.name, blob))
+
+    async def put_handover(self, asker: str, blob: bytes, ttl: int) -> bool:
+        """Write a hand-over for `asker` unless one is there (SET NX EX); whether it was written."""
+        async with self.store._guard():
+            return bool(await self.store._redis.set(self.store.keys.handover(asker), blob, nx=True, ex=ttl))
+
+    async def take_handover(self, asker: str) -> bytes | None:
+        """Read and delete `asker`'s hand-over (GETDEL, Redis 6.2+); None if there is none."""
+        async with self.store._guard():
+            return await self.store._redis.getdel(self.store.keys.handover(asker))
 
     def subscription(self) -> "RecordSubscription":
         return RecordSubscription(self.store)

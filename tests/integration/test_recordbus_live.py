@@ -215,3 +215,41 @@ def test_two_worker_processes_are_peers_and_stop_on_sigterm(procs: Procs, redis_
     lines = [orjson.loads(line) for line in sup.log_path.read_bytes().splitlines() if line.startswith(b"{")]
     assert sum(1 for d in lines if d.get("msg") == "record bus on") == 2
     assert sum(1 for d in lines if d.get("msg") == "record bus stopped") == 2
+
+
+def test_a_dispatcher_started_later_takes_a_peers_memory_by_hand_over(redis_url):
+    """A routes keys while alone (asks for 3 s, nobody answers); B starts afterwards and has A's
+    routes within a second of its start, though none of them crossed the bus while B was there."""
+    async def main():
+        fleet = await EngineFleet(3, time_scale=0.01).start()
+        a = await serve(dispatcher_config(fleet, redis_url=redis_url, dispatcher_id="a", seed=1, record_bus=True))
+        b = None
+        try:
+            await wait_until(lambda: all(a.router.state.healthy) and all(a.router.state.kv_blocks))
+            async with grpc.aio.insecure_channel(a.address) as ch:
+                stub = dispatcher_pb2_grpc.DispatcherStub(ch)
+                for i in range(12):
+                    [c async for c in stub.Generate(blocks_request(f"user-{i}", i, max_tokens=1), timeout=10)]
+            homes = {f"user-{i}": a.router.policy.remembered(f"user-{i}") for i in range(12)}
+            await wait_until(lambda: a.bus.asking_until is None, timeout=6)
+            alone = dict(a.bus.handovers)
+            t0 = time.monotonic()
+            b = await serve(dispatcher_config(fleet, redis_url=redis_url, dispatcher_id="b", seed=2, record_bus=True))
+            await wait_until(lambda: b.bus.handovers["taken"] == 1, timeout=5)
+            took = time.monotonic() - t0
+            got = {k: b.router.policy.remembered(k) for k in homes}
+            text = await asyncio.to_thread(scrape, b.running.metrics_port)
+            return homes, alone, dict(a.bus.handovers), got, took, text
+        finally:
+            await a.stop()
+            if b is not None:
+                await b.stop()
+            await fleet.stop()
+
+    homes, alone, given, got, took, text = asyncio.run(main())
+    assert None not in homes.values() and got == homes
+    assert alone["none"] == 1 and alone["taken"] == 0          # alone: asked, nobody answered
+    assert given["given"] == 1 and took < 2.0, took
+    assert 'cacheroute_dispatcher_record_handovers_total{outcome="taken"} 1.0' in text
+    r = redis.Redis.from_url(redis_url)
+    assert not r.keys("cr:{records}:handover:*")               # read and deleted

@@ -1,12 +1,27 @@
 """What a router can know of a replica's prefix cache from what it routed there alone: an LRU the
 size of the replica's KV pool, of block hashes (`BlockLRU`) or of keys weighted by their prompt
-tokens (`KeyLRU`). The cacheroute policy's cold-home rule reads them (policies/cacheroute.py)."""
+tokens (`KeyLRU`). The cacheroute policy's cold-home rule reads them (policies/cacheroute.py).
+
+Hand-over (services/dispatcher/recordbus.py): `entries(replica)` lists one replica's record least
+recent first, and `absorb(replica, older)` takes such a list from another router as older than
+everything this one holds: its entries go below this record's own, the pool's capacity still
+bounds the whole, so what this router routed itself since it started is evicted last."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple, Sequence
 
 from services.core.request import BLOCK_TOKENS
+
+
+class Handover(NamedTuple):
+    """What a cacheroute policy knows of where keys are, for another router of the tier
+    (CacheRoutePolicy.handover / absorb). Replicas are the receiving policy's slot indexes."""
+    memory: Sequence[tuple[str, int]]    # key -> replica of its latest request, least recent first
+    kind: str | None                     # the record's kind, "blocks" (BlockLRU) or "keys" (KeyLRU); None: no record
+    blocks: int                          # the record's capacity, in blocks (the smallest KV pool)
+    record: Sequence[Sequence]           # per replica: `entries(replica)`, least recent first
 
 
 class BlockLRU:
@@ -20,6 +35,7 @@ class BlockLRU:
         if capacity < 1:
             raise ValueError("capacity must be >= 1 block")
         self.capacity = capacity
+        self.blocks = capacity
         self._lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
         self.full = [False] * replicas       # per replica: the record has evicted something
 
@@ -34,6 +50,20 @@ class BlockLRU:
         while len(lru) > self.capacity:
             lru.popitem(last=False)
             self.full[replica] = True
+
+    def entries(self, replica: int) -> list[int]:
+        """Replica's block hashes, least recently routed first."""
+        return list(self._lru[replica])
+
+    def absorb(self, replica: int, older) -> None:
+        """Take `older` (block hashes, least recent first) below this record's own (module header)."""
+        lru = self._lru[replica]
+        merged = OrderedDict.fromkeys(b for b in older if b not in lru)
+        merged.update(lru)
+        while len(merged) > self.capacity:
+            merged.popitem(last=False)
+            self.full[replica] = True
+        self._lru[replica] = merged
 
     def match(self, replica: int, blocks) -> int:
         """Leading blocks of `blocks` held for `replica`."""
@@ -56,6 +86,7 @@ class KeyLRU:
         if capacity < 1:
             raise ValueError("capacity must be >= 1 block")
         self.capacity = capacity * BLOCK_TOKENS
+        self.blocks = capacity
         self._lru: list[OrderedDict[str, int]] = [OrderedDict() for _ in range(replicas)]
         self._tokens = [0] * replicas
         self.full = [False] * replicas       # per replica: the record has evicted something
@@ -68,6 +99,22 @@ class KeyLRU:
         while total > self.capacity and len(lru) > 1:
             total -= lru.popitem(last=False)[1]
             self.full[replica] = True
+        self._tokens[replica] = total
+
+    def entries(self, replica: int) -> list[tuple[str, int]]:
+        """Replica's (key, prompt tokens), least recently routed first."""
+        return list(self._lru[replica].items())
+
+    def absorb(self, replica: int, older) -> None:
+        """Take `older` ((key, tokens), least recent first) below this record's own (module header)."""
+        lru = self._lru[replica]
+        merged: OrderedDict[str, int] = OrderedDict((k, t) for k, t in older if k not in lru)
+        merged.update(lru)
+        total = sum(merged.values())
+        while total > self.capacity and len(merged) > 1:
+            total -= merged.popitem(last=False)[1]
+            self.full[replica] = True
+        self._lru[replica] = merged
         self._tokens[replica] = total
 
     def holds(self, replica: int, key: str) -> bool:

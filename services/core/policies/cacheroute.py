@@ -98,7 +98,7 @@ from typing import Mapping
 
 import numpy as np
 
-from services.core.policies._caches import BlockLRU, KeyLRU
+from services.core.policies._caches import BlockLRU, Handover, KeyLRU
 from services.core.policies._common import Ring, least_loaded, p2c
 from services.core.policy import ClusterState, NoHealthyReplica, Pick, Reason
 from services.core.policies._prefix_rules import PrefixRules
@@ -463,6 +463,38 @@ class CacheRoutePolicy(PrefixRules):
             self._seen, self._seen_old = other._seen, other._seen_old
             if other.replicas == self.replicas and other.cold_home == self.cold_home:
                 self._index = other._index      # what each replica caches outlives the plan too
+
+    def handover(self) -> Handover:
+        """This policy's key memory and cold-home record, for a router of the tier that starts
+        with neither (the record bus's hand-over, services/dispatcher/recordbus.py)."""
+        memory = [*self._seen_old.items(), *self._seen.items()]
+        index = self._index
+        if index is None:
+            return Handover(memory, None, 0, ())
+        kind = "blocks" if isinstance(index, BlockLRU) else "keys"
+        return Handover(memory, kind, index.blocks, [index.entries(r) for r in range(self.replicas)])
+
+    def absorb(self, older: Handover) -> None:
+        """Take a peer's hand-over as older than what this policy routed itself: its keys are
+        remembered where this policy has no newer route for them, its record goes below this
+        record's own (_caches.py), both within their usual bounds. A record of the other kind
+        than this policy's is left out; replicas outside this policy's slots are skipped."""
+        if self.memory_keys:
+            own = {**self._seen_old, **self._seen}
+            n = self.replicas
+            merged = {k: r for k, r in older.memory if k not in own and 0 <= r < n}
+            merged.update(own)
+            if len(merged) > self.memory_keys:
+                merged = dict(list(merged.items())[-self.memory_keys:])
+            self._seen_old, self._seen = merged, {}
+        if self.cold_home is None or older.kind is None or older.blocks < 1:
+            return
+        kind = BlockLRU if older.kind == "blocks" else KeyLRU
+        if self._index is None:
+            self._index = kind(self.replicas, older.blocks)
+        if type(self._index) is kind:
+            for r, entries in enumerate(older.record[:self.replicas]):
+                self._index.absorb(r, entries)
 
     def _cold(self, key: str, state: ClusterState) -> int:
         """The cold tail: the first healthy replica on the key's ring (the same ring in every
