@@ -466,23 +466,25 @@ def add_control(p: dict, c: dict, scale: Scale) -> None:
         pd = paired_dip(p["series"], c["series"], [e["t"] for e in p.get("events", ()) if e["kind"] != "rotate"],
                         bin_s=scale.bin_s, start=warmup)
         if pd is not None:
-            p["paired_dip"], p["paired_floor"] = pd["dip"], pd["floor"]
+            p["paired_dip"], p["paired_floor"], p["paired_mean"] = pd["dip"], pd["floor"], pd["mean"]
 
 
 async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Sequence[float], seed: int,
                 log_root: Path, progress: bool = True, past_knee: int | None = None, tier: int = 1,
-                repeats: int = 1, control: bool = False) -> dict:
+                repeats: int = 1, control: bool = False, null_pair: bool = False) -> dict:
     """Every router over the grid, `repeats` times a point; with `past_knee` N, a router's sweep
     stops N points after its first point that fails the SLO (the capacity is decided there;
     the skipped rates are listed); with `control`, each (e) / (f) point is run a second time on
     the same request list without its router events, and the bins' paired difference is the
-    events' cost (`paired_dip`, against the two runs' noise before the first event, `paired_floor`)."""
+    events' cost (`paired_dip`, against the two runs' noise before the first event, `paired_floor`;
+    `paired_mean` over the events' bins); `null_pair` runs the point itself without its events too
+    but scores it at the events' times: the same figures for two controls, the method's own noise."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     duration, warmup = scale.timing(workload)
     result: dict[str, Any] = {
         "scale": scale.name, "workload": workload, "replicas": scale.replicas, "grid": list(grid),
-        "tier": tier, "repeats": repeats,
+        "tier": tier, "repeats": repeats, "null_pair": null_pair,
         "slo": scale.slo[workload], "seed": seed, "warmup": warmup, "duration": duration,
         "scale_params": {k: (v if not isinstance(v, dict) else {kk: str(vv) for kk, vv in v.items()})
                          for k, v in asdict(scale).items() if k not in ("grids", "slo", "workload_knobs")},
@@ -501,7 +503,10 @@ async def sweep(scale: Scale, workload: str, routers: Sequence[str], grid: Seque
                 continue
             reps = []
             for r in range(repeats):
-                p = await attempt(router, scale, workload, qps, seed + r, log_root, progress, tier)
+                p = await attempt(router, scale, workload, qps, seed + r, log_root, progress, tier, events_off=null_pair)
+                if null_pair:          # scored at the times the events would have been
+                    p["events"] = [{"t": t, "kind": k, "instance": i, "null": True}
+                                   for t, k, i in event_times(scale, workload, tier) if k != "rotate"]
                 if control and router != "direct" and any(k != "rotate" for _, k, _ in event_times(scale, workload, tier)):
                     add_control(p, await attempt(router, scale, workload, qps, seed + r, log_root, progress, tier,
                                                  events_off=True), scale)
@@ -588,6 +593,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", action="store_true",
                         help="(e), (f): also run each point without its restarts / kill on the same request list, "
                              "and report the paired dip")
+    parser.add_argument("--null-pair", action="store_true",
+                        help="with --control: run the point itself without its events too, scored at their times "
+                             "(two controls: the paired dip's own noise, a null test)")
     args = parser.parse_args(argv)
     if args.from_json:
         write_outputs(json.loads(Path(args.from_json).read_text()), args)
@@ -610,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats must be >= 1")
     if workload in ("restart", "kill") and tier < 2:
         parser.error(f"workload {workload} needs --tier 2 or more")
+    if args.null_pair and not args.control:
+        parser.error("--null-pair needs --control")
     if workload not in scale.grids:
         parser.error(f"scale {scale.name} has no {workload} grid (it has {', '.join(scale.grids)})")
     grid = [float(x) for x in args.grid.split(",") if x] if args.grid else list(scale.grids[workload])
@@ -622,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     result = asyncio.run(sweep(scale, workload, routers, grid, args.seed, log_root, progress=not args.quiet,
                                past_knee=None if args.past_knee < 0 else args.past_knee, tier=tier,
-                               repeats=args.repeats, control=args.control))
+                               repeats=args.repeats, control=args.control, null_pair=args.null_pair))
     if args.merge and args.out and Path(args.out).is_file():
         result = merge(json.loads(Path(args.out).read_text()), result)
     write_outputs(result, args)

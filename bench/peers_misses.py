@@ -198,8 +198,9 @@ def paired_dip(series: Sequence[dict], control: Sequence[dict], events: Iterable
     """The events' cost against a control run of the same request list without them: the largest
     drop (a fraction) of a bin's hit rate below the control's same bin within the `after` bins
     from an event, and the noise floor the comparison has, the largest |difference| of any bin
-    from `start` to the first event (two runs of one request list differ by routing timing only).
-    None without events or data."""
+    from `start` to the first event (two runs of one request list differ by routing timing only),
+    and the mean drop over those event bins (`mean`: one bin's noise averages out over several,
+    a lasting cost does not). None without events or data."""
     times = sorted(events)
     if not times:
         return None
@@ -209,4 +210,4 @@ def paired_dip(series: Sequence[dict], control: Sequence[dict], events: Iterable
     quiet = [abs(d) for t, d in diff if start <= t and t + bin_s <= times[0]]
     if not near:
         return None
-    return {"dip": max(0.0, max(near)), "floor": max(quiet) if quiet else None}
+    return {"dip": max(0.0, max(near)), "floor": max(quiet) if quiet else None, "mean": sum(near) / len(near)}

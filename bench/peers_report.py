@@ -164,16 +164,21 @@ def table(result: dict) -> str:
         lines.append("")
         lines.append("Worst hit-rate dip in the 3 series bins from an event (points, against the 3 bins before it):")
         lines.extend(f"- {r} at {q:g} req/s: {d * 100:.1f}" for r, q, d in dips)
-    paired = [(r, p["qps"], p["paired_dip"], p.get("paired_floor"), p["control"]) for r, pts in result["points"].items()
-              for p in pts if p.get("paired_dip") is not None]
+    paired = [(r, p["qps"], p["paired_dip"], p.get("paired_floor"), p.get("paired_mean"), p["control"])
+              for r, pts in result["points"].items() for p in pts if p.get("paired_dip") is not None]
     if paired:
         lines.append("")
+        if result.get("null_pair"):
+            lines.append("NULL PAIR (--null-pair): neither run had the events; the figures below are the method's "
+                         "noise at the events' bins, not a cost.")
         lines.append("Against a control run of the same request list without the events (--control): worst dip "
-                     "of a bin below the control's same bin in the 3 bins from an event, and the noise floor "
-                     "(largest |difference| of a bin before the first event), points:")
-        lines.extend(f"- {r} at {q:g} req/s: dip {d * 100:.1f}, floor {'-' if f is None else f'{f * 100:.1f}'} "
+                     "of a bin below the control's same bin in the 3 bins from an event, the noise floor "
+                     "(largest |difference| of a bin before the first event), and the mean drop over the event "
+                     "bins, points:")
+        lines.extend(f"- {r} at {q:g} req/s: dip {d * 100:.1f}, floor {'-' if f is None else f'{f * 100:.1f}'}, "
+                     f"mean {'-' if m is None else f'{m * 100:+.1f}'} "
                      f"(control: hit {_pct(c.get('hit_rate'))}, p99 {fmt_ms(c.get('ttft_p99'))})"
-                     for r, q, d, f, c in paired)
+                     for r, q, d, f, m, c in paired)
     return "\n".join(lines)
 
 

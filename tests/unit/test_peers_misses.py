@@ -86,6 +86,7 @@ def test_paired_dip_is_the_drop_below_the_control_after_an_event(pm):
     run = bins([0.8, 0.88, 0.7, 0.75, 0.85, 0.8])     # the event at 30 s costs 15 points in its bin
     got = pm.paired_dip(run, control, [30.0], start=10.0)
     assert got["dip"] == pytest.approx(0.15) and got["floor"] == pytest.approx(0.02)
+    assert got["mean"] == pytest.approx((0.0 + 0.15 + 0.05 + 0.0) / 4)     # bins 20-50 s: the event's reach
     # the mix's own ups and downs (bin 2's 0.7 in both) are not a dip: only the difference counts
     assert pm.paired_dip(control, control, [20.0])["dip"] == 0.0
     assert pm.paired_dip(run, control, []) is None
