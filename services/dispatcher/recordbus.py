@@ -38,10 +38,8 @@ its policy's key memory and record (`CacheRoutePolicy.handover`), encodes it off
 writes it with SET NX, expiring after HANDOVER_TTL (30) s, to the asker's key
 `{prefix}:{records}:handover:<sender>`. The asker reads and deletes that key (GETDEL) at each send
 tick while it asks; what it finds is decoded off the loop, its replica ids mapped to its own slots
-(unknown ones skipped) and taken in as older than its own routes (`CacheRoutePolicy.absorb`). The
-dispatcher starts serving only once it is in (`settled`: typically 0.1-0.2 s), or once no giver was
-heard within 0.75 s (alone, or a tier starting together: nobody has anything to give), at most
-HANDOVER_WAIT s. A router alone hears nobody and stops asking after the wait. Bad hand-overs (not this codec, over
+(unknown ones skipped) and taken in as older than its own routes (`CacheRoutePolicy.absorb`). A
+router alone hears nobody and stops asking after the wait. Bad hand-overs (not this codec, over
 MAX_HANDOVER_BYTES) are dropped and counted; none arriving is counted too. `--record-handover 0`
 turns both sides off.
 
@@ -481,21 +479,6 @@ class RecordBus:
         self.handovers["given"] += 1
         log.info("record bus: hand-over given", extra=kv(sender=self.sender, to=asker, keys=len(state.memory),
                                                          bytes=len(blob)))
-
-    async def settled(self, alone_after: float = 1.5 * ALONE_BEACON, step: float = 0.02) -> None:
-        """Return once the hand-over is in, or once it will not come: no giver (a peer not asking
-        itself) heard within `alone_after` s, or HANDOVER_WAIT s passed. The dispatcher awaits this
-        before it serves (module header): a restarted router does not route blind while it waits."""
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        while self.asking_until is not None:
-            waited = loop.time() - t0
-            givers = any(not v[3] for v in self.peers.values())
-            if waited >= HANDOVER_WAIT or (not givers and waited >= alone_after):
-                return
-            if givers:
-                await self.take_handover(time.monotonic())
-            await asyncio.sleep(step)
 
     async def take_handover(self, now: float) -> None:
         """One read of this router's hand-over key while it asks; absorb what is there."""

@@ -179,7 +179,6 @@ class DispatcherService:
         if self.bus is not None:
             metrics.registry.register(RecordBusMetrics(self.bus))
             await self.bus.start()
-            await self.bus.settled()       # its hand-over in before it serves (recordbus.py, "Hand-over")
         ring = data_plane_keys(self.config)
         self.dispatcher = Dispatcher(self.router, self.monitor, self.usage, metrics.registry,
                                      hold_limit=self.config.hold_limit, budget=self.budget, deferred=self.arrivals)

@@ -183,24 +183,3 @@ def test_an_asking_batch_says_so_and_a_plain_one_does_not():
     asking, _ = encode_batch("s", 0, 0.1, [], asking=True)
     plain, _ = encode_batch("s", 0, 0.1, [])
     assert decode_batch(asking).asking and not decode_batch(plain).asking
-
-
-def test_settled_waits_for_the_handover_only_while_a_giver_is_heard():
-    async def main():
-        ch = Channel()
-        lone = RecordBus(router(), None, "lone")
-        lone.channel, lone.asking_until = ch, 1e12
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        await lone.settled(alone_after=0.05)
-        alone_s = loop.time() - t0
-        new = RecordBus(router(), None, "new")
-        new.channel, new.asking_until = ch, 1e12
-        new.peers = {"old": (0.0, 0, 0.1, False), "other-new": (0.0, 0, 0.1, True)}
-        ch.kept["new"] = encode_handover("old", ["e0", "e1", "e2"], Handover([("k", 1)], None, 0, ()))
-        await new.settled(alone_after=0.05)
-        return lone, alone_s, new
-
-    lone, alone_s, new = asyncio.run(main())
-    assert lone.asking_until is not None and alone_s < 1.0       # no giver: serves, still asking
-    assert new.asking_until is None and new.handovers["taken"] == 1 and new.router.policy.remembered("k") == 1
