@@ -469,12 +469,19 @@ class RecordBus:
         if handover is None:
             return
         state = handover()                 # fresh lists, copied here on the loop: the policy goes on routing
+        blob = await asyncio.to_thread(encode_handover, self.sender, list(self.router.ids), state)
+        if len(blob) > MAX_HANDOVER_BYTES:   # the asker would drop it as "oversize": not written
+            self.handovers["failed"] += 1
+            self._warn("handover", f"hand-over of {len(blob)} bytes > {MAX_HANDOVER_BYTES}")
+            return
         try:
-            blob = await asyncio.to_thread(encode_handover, self.sender, list(self.router.ids), state)
-            await self.channel.put_handover(asker, blob, HANDOVER_TTL)
+            written = await self.channel.put_handover(asker, blob, HANDOVER_TTL)
         except Unavailable as exc:
             self.handovers["failed"] += 1
             self._warn("handover", str(exc))
+            return
+        if not written:                      # another giver's is already there (NX): the asker takes that one
+            log.info("record bus: a hand-over was already there", extra=kv(sender=self.sender, to=asker))
             return
         self.handovers["given"] += 1
         log.info("record bus: hand-over given", extra=kv(sender=self.sender, to=asker, keys=len(state.memory),

@@ -183,3 +183,28 @@ def test_an_asking_batch_says_so_and_a_plain_one_does_not():
     asking, _ = encode_batch("s", 0, 0.1, [], asking=True)
     plain, _ = encode_batch("s", 0, 0.1, [])
     assert decode_batch(asking).asking and not decode_batch(plain).asking
+
+
+def test_a_giver_counts_only_a_handover_it_wrote_and_refuses_one_too_large(monkeypatch):
+    import services.dispatcher.recordbus as rb
+
+    async def give(bus):
+        await bus.give_handover("new")
+        return dict(bus.handovers)
+
+    ch = Channel()
+    r = router()
+    for i in range(20):
+        r.route(f"t{i}", 0.0, 160)
+    first, second = RecordBus(r, None, "a0"), RecordBus(r, None, "a1")
+    first.channel = second.channel = ch
+    assert asyncio.run(give(first))["given"] == 1
+    kept = ch.kept["new"]
+    assert asyncio.run(give(second))["given"] == 0          # NX: the first one's stays, not counted
+    assert ch.kept["new"] is kept
+    ch.kept.clear()
+    monkeypatch.setattr(rb, "MAX_HANDOVER_BYTES", 16)
+    third = RecordBus(r, None, "a2")
+    third.channel = ch
+    counts = asyncio.run(give(third))
+    assert counts["failed"] == 1 and counts["given"] == 0 and "new" not in ch.kept
