@@ -40,8 +40,9 @@ writes it with SET NX, expiring after HANDOVER_TTL (30) s, to the asker's key
 tick while it asks; what it finds is decoded off the loop, its replica ids mapped to its own slots
 (unknown ones skipped) and taken in as older than its own routes (`CacheRoutePolicy.absorb`). A
 router alone hears nobody and stops asking after the wait. Bad hand-overs (not this codec, over
-MAX_HANDOVER_BYTES) are dropped and counted; none arriving is counted too. `--record-handover 0`
-turns both sides off.
+MAX_HANDOVER_BYTES) are dropped and counted, and a giver does not write one over that size; a giver
+whose SET NX finds another's hand-over there leaves it (not counted as given); none arriving is
+counted too. `--record-handover 0` turns both sides off.
 
 Transport: Redis pub/sub on the store's channel `{prefix}:{records}:bus` (services/store/keys.py),
 through the dispatcher's own RedisStore connection config: PUBLISH / SUBSCRIBE on one node,
@@ -557,7 +558,7 @@ class RecordBusMetrics:
         yield dropped
         handovers = CounterMetricFamily("cacheroute_dispatcher_record_handovers",
                                         "record-bus hand-overs (module header): given to a starting peer, taken at "
-                                        "this router's start, none came, bad (dropped), failed (store error)",
+                                        "this router's start, none came, bad (dropped), failed (store error, or too large to write)",
                                         labels=["outcome"])
         for outcome, n in b.handovers.items():
             handovers.add_metric([outcome], n)
