@@ -54,6 +54,10 @@ Environment variables (flags override them):
                                             With keys or a deployment token (CACHEROUTE_AUTH_TOKEN) configured,
                                             Route, RouteBatch and Generate require one of them; GetStatus stays open.
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
+  CACHEROUTE_MALLOC_ARENAS (2)              glibc malloc arenas a serving process keeps to (mallopt M_ARENA_MAX;
+                                            services/dispatcher/plans.py): a first 128,824-key plan costs 120
+                                            instead of 172 bytes a key; 0 = glibc's default (8 per core); a
+                                            MALLOC_ARENA_MAX in the environment is left as it is
   CACHEROUTE_WORKERS (0)                    worker processes sharing the ports (SO_REUSEPORT); 0 (default) =
                                             one per core this process may run on (os.sched_getaffinity: a
                                             container's cpuset counts, not the host's cores); 1 = no supervisor,
@@ -101,6 +105,7 @@ from services.auth import engine_keys, keyring
 from services.backends import KINDS, parse_endpoint
 from services.dispatcher.budget import SCOPES, BudgetConfig
 from services.dispatcher.http import HttpConfig
+from services.dispatcher.plans import limit_arenas
 from services.dispatcher.recordbus import DEFAULT_BATCH_MAX, DEFAULT_INTERVAL
 from services.dispatcher.service import DispatcherConfig, serve
 from services.dispatcher.servicer import KeyRules
@@ -154,6 +159,8 @@ def add_dispatcher_flags(parser: argparse.ArgumentParser) -> None:
     flag(g, "--workers", env="WORKERS", default=0, type=int, help="worker processes sharing the ports, 0 = one per core")
     flag(g, "--uvloop", env="UVLOOP", default=1, type=int, choices=(0, 1),
          help="1: run on uvloop (less CPU per request), 0: asyncio's default loop")
+    flag(g, "--malloc-arenas", env="MALLOC_ARENAS", default=2, type=int,
+         help="glibc malloc arenas per serving process, 0 = glibc's default (services/dispatcher/plans.py)")
     g.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)   # set by the supervisor
     flag(parser, "--ext-proc-port", env="EXT_PROC_PORT", default=-1, type=int,
          help="Envoy ext_proc endpoint picker (services/dispatcher/extproc.py): -1 = off, 0 = ephemeral")
@@ -239,6 +246,8 @@ def _parsed(what: str, build):
 def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
     if args.workers < 0:
         raise ValueError("--workers must be >= 0 (0 = one per core)")
+    if args.malloc_arenas < 0:
+        raise ValueError("--malloc-arenas must be >= 0 (0 = glibc's default)")
     replicas = _parsed("--replicas", lambda: _replicas(args))
     check_args(args)
     budget = _parsed("", lambda: BudgetConfig(rate=args.caller_telemetry_rate, burst=args.caller_telemetry_burst,
@@ -264,7 +273,7 @@ def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
         budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring, engine_keys=keys,
         ext_proc_port=args.ext_proc_port, uvloop=bool(args.uvloop),
         record_bus=bool(args.record_bus), record_interval=args.record_interval, record_batch_max=args.record_batch_max,
-        record_handover=bool(args.record_handover))
+        record_handover=bool(args.record_handover), malloc_arenas=args.malloc_arenas)
 
 
 def _replicas(args: argparse.Namespace) -> tuple:
@@ -297,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         return supervise(WorkersConfig(workers=config.workers, host=s.host, port=s.port, http_port=config.http.port,
                                        metrics_host=s.metrics_host, metrics_port=s.metrics_port,
                                        grace_seconds=s.grace_seconds, dispatcher_id=config.dispatcher_id), args)
+    limit_arenas(config.malloc_arenas)
     use_uvloop(config.uvloop)
     return run_service("dispatcher", lambda: config, serve)
 

@@ -30,7 +30,11 @@ them (and on the cold tail's ring) as engines come and go.
 After a large install the replaced plan's memory is handed back to the OS (glibc
 `malloc_trim`, in the worker thread): glibc raises its mmap threshold after freeing large
 blocks, so without it the next plans' arrays come from the heap and a replaced plan stays
-resident (measured: +20 MiB per 128,824-key plan change without the trim).
+resident (measured: +20 MiB per 128,824-key plan change without the trim). And a serving process
+keeps to 2 malloc arenas (`limit_arenas`, `--malloc-arenas`): glibc gives each thread that
+allocates under contention an arena of its own, up to 8 per core, and the install thread's arena
+kept its pages after the trim: a first 128,824-key plan grew the RSS by 171-173 bytes a key with
+glibc's default and 120-122 with 2 arenas (or 1), probes unchanged (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import os
 import random
 import time
 
@@ -68,6 +73,20 @@ def _libc_trim():
 
 
 _TRIM = _libc_trim()
+M_ARENA_MAX = -8            # glibc's mallopt parameter (malloc.h)
+
+
+def limit_arenas(n: int) -> bool:
+    """At most `n` glibc malloc arenas for this process from now on (module header); whether
+    it was set. 0, a MALLOC_ARENA_MAX in the environment (the operator's own) or no glibc
+    (musl, macOS) leave the allocator as it is."""
+    if n <= 0 or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return mallopt(M_ARENA_MAX, n) == 1
 
 
 class PlanFeed:

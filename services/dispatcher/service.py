@@ -66,6 +66,7 @@ class DispatcherConfig:
     record_interval: float = DEFAULT_INTERVAL
     record_batch_max: int = DEFAULT_BATCH_MAX
     record_handover: bool = True         # hand-over to a starting dispatcher (recordbus.py)
+    malloc_arenas: int = 2               # glibc arenas of a serving process (plans.limit_arenas); 0 = glibc's default
 
 
 class RouterMetrics:
