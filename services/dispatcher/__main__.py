@@ -55,8 +55,8 @@ Environment variables (flags override them):
                                             Route, RouteBatch and Generate require one of them; GetStatus stays open.
   CACHEROUTE_SEED ("")                      P2C seed (random if empty)
   CACHEROUTE_MALLOC_ARENAS (2)              glibc malloc arenas a serving process keeps to (mallopt M_ARENA_MAX;
-                                            services/dispatcher/plans.py): a first 128,824-key plan costs 120
-                                            instead of 172 bytes a key; 0 = glibc's default (8 per core); a
+                                            services/dispatcher/plans.py): a first 128,824-key plan costs 112-122
+                                            instead of 171-186 bytes a key; 0 = glibc's default (8 per core); a
                                             MALLOC_ARENA_MAX in the environment is left as it is
   CACHEROUTE_WORKERS (0)                    worker processes sharing the ports (SO_REUSEPORT); 0 (default) =
                                             one per core this process may run on (os.sched_getaffinity: a

@@ -33,8 +33,8 @@ blocks, so without it the next plans' arrays come from the heap and a replaced p
 resident (measured: +20 MiB per 128,824-key plan change without the trim). And a serving process
 keeps to 2 malloc arenas (`limit_arenas`, `--malloc-arenas`): glibc gives each thread that
 allocates under contention an arena of its own, up to 8 per core, and the install thread's arena
-kept its pages after the trim: a first 128,824-key plan grew the RSS by 171-173 bytes a key with
-glibc's default and 120-122 with 2 arenas (or 1), probes unchanged (docs/benchmarks.md).
+kept its pages after the trim: a first 128,824-key plan grew the RSS by 171-186 bytes a key with
+glibc's default and 112-122 with 2 arenas (or 1), probes unchanged (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -64,15 +64,16 @@ log = logging.getLogger("cacheroute.dispatcher.plans")
 TRIM_KEYS = 10_000          # trim the heap after installing a plan of at least this many keys
 
 
-def _libc_trim():
-    """glibc's malloc_trim(0), or None where there is none (musl, macOS)."""
+def _libc(name: str):
+    """The C library's function `name` (glibc's malloc_trim, mallopt), or None where there is
+    none (musl, macOS)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
         return None
 
 
-_TRIM = _libc_trim()
+_TRIM = _libc("malloc_trim")
 M_ARENA_MAX = -8            # glibc's mallopt parameter (malloc.h)
 
 
@@ -80,13 +81,8 @@ def limit_arenas(n: int) -> bool:
     """At most `n` glibc malloc arenas for this process from now on (module header); whether
     it was set. 0, a MALLOC_ARENA_MAX in the environment (the operator's own) or no glibc
     (musl, macOS) leave the allocator as it is."""
-    if n <= 0 or "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return mallopt(M_ARENA_MAX, n) == 1
+    mallopt = _libc("mallopt") if n > 0 and "MALLOC_ARENA_MAX" not in os.environ else None
+    return mallopt is not None and mallopt(M_ARENA_MAX, n) == 1
 
 
 class PlanFeed:
