@@ -34,12 +34,12 @@ from services.backends.http import HttpBackend
 __all__ = ["Backend", "BackendDown", "EngineStats", "HTTP_KINDS", "KINDS", "parse_endpoint", "make_backend"]
 
 
-def make_backend(replica_id: str, address: str, default_kind: str = "cacheroute", *, tls=None, session=None,
+def make_backend(replica_id: str, address: str, default_kind: str = "cacheroute", *, tls=None,
                  keys=None, deadlines=None) -> Backend:
     """The backend of one configured replica address (see the module docstring); `keys`
     (services.auth.EngineKeys) gives an HTTP replica its API key."""
     kind, target = parse_endpoint(address, default_kind)
     if kind == "cacheroute":
         return CacheRouteBackend(replica_id, target, tls=tls)
-    return HttpBackend(replica_id, target, kind, session=session, api_key=keys.for_url(target) if keys else None,
+    return HttpBackend(replica_id, target, kind, api_key=keys.for_url(target) if keys else None,
                        deadlines=deadlines or Deadlines())

@@ -22,9 +22,8 @@ forwards it (`authorization` argument). Keys never appear in a repr or a log lin
 
 Healthy means /health answered 2xx within the deadline; for kinds with metrics the
 /metrics page must also parse (a page without the kind's load gauges leaves the load to
-the dispatcher's in-flight count). Both requests run concurrently on the dispatcher's
-shared aiohttp session (keep-alive connections); a session is created here when none is
-given (the planner's health checks).
+the dispatcher's in-flight count). Both requests run concurrently, on the replica's
+keep-alive connections (services.backends.rawhttp, shared with its requests).
 """
 
 from __future__ import annotations
@@ -33,13 +32,13 @@ import asyncio
 import time
 from typing import AsyncIterator
 
-import aiohttp
 import orjson
 
 from cacheroute.v1 import engine_pb2
 from services.backends import llamacpp, sglang, vllm
 from services.backends.base import ApiCall, Backend, BackendDown, Deadlines, EngineError, EngineStats, Reply
 from services.backends.metrics import sample_sums
+from services.backends.rawhttp import Answer, ConnectError, ConnectTimeout, HttpError, Origin
 from services.backends.relay import EVENT_END, read_whole, relay_events, whole_usage
 
 READERS = {"vllm": vllm.read_stats, "sglang": sglang.read_stats, "llamacpp": llamacpp.read_stats}
@@ -48,51 +47,39 @@ READERS = {"vllm": vllm.read_stats, "sglang": sglang.read_stats, "llamacpp": lla
 _REFUSED = {400: "invalid", 404: "invalid", 413: "invalid", 422: "invalid", 429: "full", 401: "denied", 403: "denied"}
 
 
-def open_session() -> aiohttp.ClientSession:
-    """A client session to HTTP engines: unbounded keep-alive pool, no cookies."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                                 cookie_jar=aiohttp.DummyCookieJar())
-
-
 class HttpBackend(Backend):
     http = True
 
-    def __init__(self, replica_id: str, base_url: str, kind: str, *, session: aiohttp.ClientSession | None = None,
-                 api_key: str | None = None, deadlines: Deadlines = Deadlines()) -> None:
+    def __init__(self, replica_id: str, base_url: str, kind: str, *, api_key: str | None = None,
+                 deadlines: Deadlines = Deadlines()) -> None:
         self.replica_id = replica_id
         self.address = base_url
         self.base_url = base_url
         self.kind = kind
-        self.session = session
+        self.origin = Origin(base_url)      # keep-alive connections; ValueError for a URL that is not http(s)
         self.deadlines = deadlines          # of `generate` (an ApiCall carries its own)
-        self._own_session = session is None
         self._reader = READERS.get(kind)
         self._auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._json = {"content-type": "application/json", **self._auth}
         self._model = ""
-        self._timeouts: dict[Deadlines, aiohttp.ClientTimeout] = {}
 
     def __repr__(self) -> str:              # never the key
         return f"HttpBackend({self.replica_id!r}, {self.base_url!r}, {self.kind!r})"
 
-    async def open(self) -> None:
-        if self.session is None:
-            self.session = open_session()
-            self._own_session = True
-
     async def close(self) -> None:
-        if self._own_session and self.session is not None:
-            await self.session.close()
-            self.session = None
+        await self.origin.close()
 
     async def _get(self, path: str, timeout: float) -> tuple[int, bytes]:
-        await self.open()
         try:
-            async with self.session.get(self.base_url + path, headers=self._auth,
-                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                return resp.status, await resp.read()
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                answer = await self.origin.request("GET", path, headers=self._auth, connect=timeout)
+                try:
+                    return answer.status, await answer.read()
+                finally:
+                    answer.release()
+        except TimeoutError:
             raise BackendDown(f"GET {path} timed out", timeout=True) from None
-        except aiohttp.ClientError as exc:
+        except HttpError as exc:
             raise BackendDown(f"GET {path}: {type(exc).__name__}") from None
 
     async def check(self, timeout: float) -> None:
@@ -122,36 +109,30 @@ class HttpBackend(Backend):
     def _headers(self, authorization: str | None) -> dict:
         if authorization:
             return {"content-type": "application/json", "authorization": authorization}
-        return {"content-type": "application/json", **self._auth}
+        return self._json
 
-    async def _post(self, path: str, body: bytes, d: Deadlines, authorization: str | None) -> aiohttp.ClientResponse:
-        """The engine's response with its headers; EngineError (module header) if none came."""
-        await self.open()
-        timeout = self._timeouts.get(d)
-        if timeout is None:                 # one per Deadlines (an API call's are fixed), not one per request
-            timeout = aiohttp.ClientTimeout(total=None, connect=d.connect, sock_read=d.idle)
-            if len(self._timeouts) < 16:    # Generate's follow its callers' deadlines: not all kept
-                self._timeouts[d] = timeout
+    async def _post(self, path: str, body: bytes, d: Deadlines, authorization: str | None) -> Answer:
+        """The engine's answer with its headers; EngineError (module header) if none came."""
         try:
             async with asyncio.timeout(d.first_byte):      # not wait_for: no task per request (Python 3.11)
-                return await self.session.post(self.base_url + path, data=body, timeout=timeout,
-                                               headers=self._headers(authorization))
-        except aiohttp.ConnectionTimeoutError:
+                return await self.origin.request("POST", path, body, self._headers(authorization),
+                                                 connect=d.connect, idle=d.idle)
+        except ConnectTimeout:
             raise EngineError("timeout", "connect", f"accepted no connection within {d.connect:g}s",
                               retry=True) from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise EngineError("timeout", "first_byte", f"sent nothing for {min(d.first_byte, d.idle):g}s") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise EngineError("unreachable", type(exc).__name__, f"is unreachable ({type(exc).__name__})",
-                              retry=True) from None
-        except aiohttp.ClientError as exc:
+        except ConnectError:
+            raise EngineError("unreachable", "connect", "is unreachable (no connection)", retry=True) from None
+        except HttpError as exc:
             raise EngineError("failed", type(exc).__name__, f"failed: {type(exc).__name__}") from None
 
     @staticmethod
-    async def _server_error(upstream: aiohttp.ClientResponse) -> EngineError:
+    async def _server_error(upstream: Answer) -> EngineError:
         try:
-            await asyncio.wait_for(upstream.read(), 1.0)
-        except (asyncio.TimeoutError, aiohttp.ClientError):
+            async with asyncio.timeout(1.0):
+                await upstream.read()
+        except (TimeoutError, HttpError):
             pass
         upstream.release()
         return EngineError("failed", f"HTTP {upstream.status}", f"answered HTTP {upstream.status}", retry=True)
@@ -279,11 +260,8 @@ def _event_docs(block: bytes) -> list[dict]:
     return out
 
 
-async def _finish(upstream: aiohttp.ClientResponse, events) -> None:
-    """Release an engine response: closed (the engine's request aborted) if unfinished."""
+async def _finish(upstream: Answer, events) -> None:
+    """Release an engine answer: its connection closed (the engine's request aborted) if unfinished."""
     if events is not None:
         await events.aclose()
-    if upstream.content.at_eof():
-        upstream.release()
-    else:
-        upstream.close()
+    upstream.release()

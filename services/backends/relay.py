@@ -22,11 +22,11 @@ import asyncio
 import re
 from typing import AsyncIterator
 
-import aiohttp
 import orjson
 
 from services.http import oai
 from services.backends.base import Deadlines, EngineError, Reply
+from services.backends.rawhttp import Answer, HttpError
 
 # the end of an SSE event: a blank line, with any of the spec's line endings (LF, CRLF, CR)
 EVENT_END = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
@@ -74,30 +74,30 @@ def whole_usage(data: bytes) -> tuple[int, int, int | None] | None:
         return None
 
 
-async def read_whole(upstream: aiohttp.ClientResponse, idle: float) -> bytes:
+async def read_whole(upstream: Answer, idle: float) -> bytes:
     """A whole answer's body; EngineError timeout / failed."""
     try:
         return await upstream.read()
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise EngineError("timeout", "idle", f"sent nothing for {idle:g}s") from None
-    except aiohttp.ClientError as exc:
+    except HttpError as exc:
         raise EngineError("failed", type(exc).__name__, f"closed the response: {type(exc).__name__}") from None
 
 
-async def relay_events(upstream: aiohttp.ClientResponse, reply: Reply, strip: bool,
+async def relay_events(upstream: Answer, reply: Reply, strip: bool,
                        deadlines: Deadlines, *, whole: bool = False) -> AsyncIterator[bytes]:
     """The bytes of `upstream`'s SSE stream in blocks, usage recorded on `reply` (module header):
     each network chunk as it came, or, with `strip` or `whole`, blocks of whole events."""
     tail, waiting = b"", deadlines.first_byte
     aligned = strip or whole
-    content = upstream.content
+    readany = upstream.readany
     try:
         while True:
-            if waiting is None:     # after the first event: the session's idle timeout (sock_read)
-                data = await content.readany()
+            if waiting is None:     # after the first event: the answer's idle timer (services.backends.rawhttp)
+                data = await readany()
             else:                   # not wait_for: no task per read (Python 3.11)
                 async with asyncio.timeout(waiting):
-                    data = await content.readany()
+                    data = await readany()
             if not data:
                 break
             waiting = None
@@ -125,8 +125,8 @@ async def relay_events(upstream: aiohttp.ClientResponse, reply: Reply, strip: bo
                 yield ready
         if tail and aligned:
             yield tail
-    except asyncio.TimeoutError:
+    except TimeoutError:
         waited = deadlines.idle if waiting is None else waiting
         raise EngineError("timeout", "idle", f"sent nothing for {waited:g}s") from None
-    except aiohttp.ClientError as exc:
+    except HttpError as exc:
         raise EngineError("failed", type(exc).__name__, f"closed the stream: {type(exc).__name__}") from None

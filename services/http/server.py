@@ -27,8 +27,9 @@ hour (issue 20). Here:
 - idle (75 s): a connection without a request in progress, from its accept or its last
   response, is closed. 75 s is nginx's keepalive_timeout: longer than the 60 s idle timeout
   of common load balancers in front (which must close first, else they reuse a connection
-  the server is closing and answer 502) and than aiohttp's client pool (15 s), so a
-  dispatcher's own keep-alive connections to engines served from here never race it.
+  the server is closing and answer 502) and than the dispatcher's engine client pool (15 s,
+  services.backends.rawhttp.KEEPALIVE), so its keep-alive connections to engines served from
+  here never race it.
 
 Half-closed clients: a client that shuts down its write side after sending a whole request
 (`shutdown(SHUT_WR)`) still gets its answer: the connection stays open for writing until the
