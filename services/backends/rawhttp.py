@@ -213,12 +213,6 @@ class _Connection(asyncio.Protocol):
             return
         self._fail(Disconnected("the engine closed the connection" + (f": {exc}" if exc else "")))
 
-    def pause_writing(self) -> None:        # request bodies are written whole; the transport buffers
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # -- httptools callbacks
     def on_message_begin(self) -> None:
         if self._complete:                  # more bytes after the answer ended: not an engine we can trust
