@@ -14,10 +14,13 @@ Rule.
   sender id, the sender's open streams (sum of `Router.outstanding`), its interval, the entries;
   entries past MAX_BATCH_BYTES are dropped and counted. A batch is published every interval,
   empty or not, so it is also the sender's heartbeat. A router that hears no peer (alone: one
-  dispatcher, one worker) publishes every ALONE_BEACON (0.5) s instead, its batch stamped with that
+  dispatcher, one worker) publishes every ALONE_BEACON (2) s instead, its batch stamped with that
   period (so a peer that appears keeps it live for PEER_EXPIRY of those): nobody is listening to
   the rest, and at 10 batches a second, each heard back by its own subscription, the bus cost a
-  lone dispatcher CPU for nothing. It returns to `interval` at the tick after it hears a peer.
+  lone dispatcher CPU for nothing. Alone and past its hand-over wait, its send loop sleeps from
+  beacon to beacon (ticking every interval only to find nothing to do cost a lone dispatcher
+  ~1 ms/s); the first batch it hears from a peer wakes it, and it publishes then and every
+  `interval` after.
 - Receive: one subscription; a batch from this sender is ignored; a bad one (not this codec,
   malformed, over MAX_BATCH_BYTES or `batch_max` entries) is dropped whole and counted; an entry
   naming a replica id this router does not have is skipped and counted. The rest go to the active
@@ -103,7 +106,7 @@ MAX_SENDER = 200                 # characters of a sender id
 DEFAULT_INTERVAL = 0.1
 DEFAULT_BATCH_MAX = 4096
 PEER_EXPIRY = 3                  # a peer's own intervals without a batch, then it is not live
-ALONE_BEACON = 0.5               # seconds between batches while no peer is heard (module header)
+ALONE_BEACON = 2.0               # seconds between batches while no peer is heard (module header)
 RECEIVE_CHUNK = 256              # entries observed per event-loop step
 _HEAD = struct.Struct("<I")
 
@@ -308,6 +311,7 @@ class RecordBus:
         self.handovers: dict[str, int] = {"given": 0, "taken": 0, "none": 0, "bad": 0, "failed": 0}
         self._answered: dict[str, float] = {}   # askers this router answered -> when (each once)
         self._tasks: list[asyncio.Task] = []
+        self._heard = asyncio.Event()    # a peer was heard while alone: the send loop ticks at once
         self._sub = None
         self._stopping = False
         self._warned: dict[str, float] = {}
@@ -374,23 +378,34 @@ class RecordBus:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         beacon = max(self.interval, ALONE_BEACON)
-        since = beacon                           # the first tick publishes: peers find this router at once
+        last = next_at - beacon                  # the first tick publishes: peers find this router at once
+        heard = self._heard
         while True:
             next_at += self.interval
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            if not self.peers and self.asking_until is None:
+                # alone and not asking: no tick has work before the beacon's, unless a peer is heard
+                next_at = max(next_at, last + beacon)
+                if not heard.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout_at(next_at):
+                            await heard.wait()
+                if heard.is_set():
+                    next_at = min(next_at, loop.time())     # a peer: tick now, then every interval
+            else:
+                await asyncio.sleep(max(0.0, next_at - loop.time()))
+            heard.clear()
             if loop.time() - next_at > self.interval:
                 next_at = loop.time()            # fell behind (a stalled loop): do not burst to catch up
             self.expire(time.monotonic())
             if self.asking_until is not None:
                 await self.take_handover(time.monotonic())
-            since += self.interval
             if self.peers:
                 await self.flush()
-            elif since >= beacon - 1e-9:         # alone: a beacon, carrying what was routed since
+            elif next_at >= last + beacon - 1e-6:   # alone: a beacon, carrying what was routed since
                 await self.flush(beacon)
             else:
                 continue
-            since = 0.0
+            last = next_at
 
     # ------------------------------------------------------------ receive
 
@@ -426,6 +441,8 @@ class RecordBus:
             self.own += 1
             return
         self.received[0] += 1
+        if not self.peers:
+            self._heard.set()                    # the send loop sleeps while alone (_send_loop)
         self.peers[batch.sender] = (now, batch.outstanding, batch.interval, batch.asking)
         self.expire(now)
         if batch.asking and self._answers(batch.sender, now):

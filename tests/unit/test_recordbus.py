@@ -172,7 +172,7 @@ def test_bad_knobs_are_refused():
     assert isinstance(ClusterState.empty(1).share, float)
 
 
-def test_alone_a_router_publishes_a_beacon_every_half_second_and_every_interval_once_it_hears_a_peer():
+def test_alone_a_router_publishes_a_beacon_and_every_interval_once_it_hears_a_peer():
     class Channel:
         name = "test"
 
@@ -188,7 +188,7 @@ def test_alone_a_router_publishes_a_beacon_every_half_second_and_every_interval_
         bus.channel = Channel()
         r.routes_out = []
         task = asyncio.create_task(bus._send_loop())
-        await asyncio.sleep(0.8)                 # alone: the first tick, then one beacon 0.5 s later
+        await asyncio.sleep(0.8)                 # alone: the first tick (the beacon is 2 s later)
         alone = list(bus.channel.sent)
         for _ in range(6):                       # a live peer: its heartbeat every interval
             await bus.handle(encode_batch("peer", 1, 0.05, [])[0], time.monotonic())
@@ -197,5 +197,37 @@ def test_alone_a_router_publishes_a_beacon_every_half_second_and_every_interval_
         return alone, bus.channel.sent[len(alone):]
 
     alone, together = asyncio.run(main())
-    assert 1 <= len(alone) <= 3 and set(alone) == {ALONE_BEACON}
+    assert len(alone) == 1 and set(alone) == {ALONE_BEACON}
     assert len(together) >= 4 and set(together) == {0.05}
+
+
+def test_alone_the_send_loop_sleeps_until_the_beacon_and_a_peer_wakes_it_at_once():
+    class Channel:
+        name = "test"
+
+        def __init__(self):
+            self.sent: list[float] = []
+
+        async def publish(self, data: bytes) -> None:
+            self.sent.append(time.monotonic())
+
+    async def main():
+        r = router()
+        bus = _bus(r, interval=0.01, handover=False)
+        bus.channel = Channel()
+        r.routes_out = []
+        ticks = []
+        expire = bus.expire
+        bus.expire = lambda now: (ticks.append(now), expire(now))
+        task = asyncio.create_task(bus._send_loop())
+        await asyncio.sleep(0.3)                 # 30 intervals alone: one tick (the first), no idle ones
+        alone_ticks = len(ticks)
+        heard_at = time.monotonic()
+        await bus.handle(encode_batch("peer", 1, 0.05, [])[0], heard_at)
+        await asyncio.sleep(0.1)
+        task.cancel()
+        return alone_ticks, heard_at, [t for t in bus.channel.sent if t >= heard_at]
+
+    alone_ticks, heard_at, after = asyncio.run(main())
+    assert alone_ticks == 1
+    assert after and after[0] - heard_at < 0.05 and len(after) >= 3     # at once, then every interval
