@@ -12,6 +12,7 @@ headers one dict, and each chunk one append (plus one future wake-up when a read
   answer = await origin.request("POST", "/v1/chat/completions", body, {"content-type": ...}, connect=3.0)
   answer.status, answer.headers.get("content-type")     # lower-case names
   while data := await answer.readany(): ...             # or: await answer.read()
+  while not await answer.pump(sink): await room()       # or pushed: sink(data) -> False when full
   answer.release()                                      # connection back to the pool (or closed)
   answer.close()                                        # the engine's request aborted
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from typing import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -71,7 +73,8 @@ class Answer:
     """One engine answer: `status`, `headers` (lower-case names; a repeated header keeps its
     last value), the body through `readany` / `read`, then `release` or `close`."""
 
-    __slots__ = ("status", "headers", "_conn", "_chunks", "_size", "_done", "_exc", "_waiter", "_loop", "_released")
+    __slots__ = ("status", "headers", "_conn", "_chunks", "_size", "_done", "_exc", "_waiter", "_loop", "_released",
+                 "_sink")
 
     def __init__(self, conn: "_Connection", status: int, headers: dict[str, str]) -> None:
         self.status, self.headers = status, headers
@@ -83,12 +86,31 @@ class Answer:
         self._waiter: asyncio.Future | None = None
         self._loop = conn.loop
         self._released = False
+        self._sink = None
 
     def __repr__(self) -> str:
         return f"Answer({self.status}, done={self._done})"
 
     # -- fed by the connection
     def _feed(self, data: bytes) -> None:
+        sink = self._sink
+        if sink is not None:            # pump: handed on here, in the connection's callback
+            try:
+                more = sink(data)
+            except Exception as exc:    # noqa: BLE001 - the sink's failure is pump's caller's
+                self._sink = None
+                self._conn.pause()
+                waiter = self._waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(exc)
+                return
+            if not more:                # the sink is full: what else comes waits here, unread
+                self._sink = None
+                self._conn.pause()
+                waiter = self._waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(False)
+            return
         self._chunks.append(data)
         self._size += len(data)
         if self._size > HIGH_WATER:
@@ -107,7 +129,7 @@ class Answer:
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            waiter.set_result(True)
 
     # -- the reader's side
     def at_eof(self) -> bool:
@@ -137,6 +159,37 @@ class Answer:
         if self._conn.paused:
             self._conn.resume()
         return data
+
+    async def pump(self, sink: Callable[[bytes], bool]) -> bool:
+        """Hand the body to `sink(data) -> bool` as it arrives, called from the connection's
+        callback (no wake-up of the reader per chunk): what is buffered first, then each chunk.
+        True at the end of the body; False once `sink` returned False (reading is paused until
+        the next `pump`, which resumes it). Raises what `readany` would, and what `sink` raised."""
+        if self._chunks:
+            chunks = self._chunks
+            data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+            self._size = 0
+            if not sink(data):
+                if not self._done and self._exc is None:
+                    self._conn.pause()
+                    return False
+        if self._exc is not None:
+            raise self._exc
+        if self._done:
+            return True
+        if self._conn.paused:
+            self._conn.resume()
+        self._sink = sink
+        self._waiter = self._loop.create_future()
+        try:
+            more = await self._waiter
+        finally:
+            self._waiter = None
+            self._sink = None
+        if more and self._exc is not None:
+            raise self._exc
+        return more
 
     async def read(self) -> bytes:
         """The rest of the body."""

@@ -169,3 +169,76 @@ def test_a_client_that_stops_reading_is_dropped_and_its_engine_request_cancelled
             await engine.stop()
 
     asyncio.run(main())
+
+
+def _dechunk(raw: bytes) -> bytes:
+    """The body of an HTTP/1.1 chunked response (headers included in `raw`)."""
+    rest = raw.split(b"\r\n\r\n", 1)[1]
+    out = []
+    while True:
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(rest[:size])
+        assert rest[size:size + 2] == b"\r\n"
+        rest = rest[size + 2:]
+
+
+def test_a_slow_client_that_keeps_reading_gets_every_byte_while_the_relay_waits_for_room(monkeypatch):
+    """The pushed relay (services.backends.relay.pipe_events): a client reading 4 KiB at a time
+    fills the dispatcher's transport, the relay stops reading the engine until it drains (room()
+    is awaited), and the client still gets the engine's stream byte for byte, usage included (the
+    client asked for it), as one chunked response; nothing counts as a client or engine error."""
+    from services.http.stream import ClientStream
+    waits = []
+    room = ClientStream.room
+
+    async def counted(self):
+        waits.append(1)
+        await room(self)
+    monkeypatch.setattr(ClientStream, "room", counted)
+
+    N = 2000                 # 8 MiB: past what the kernel buffers on loopback
+
+    async def main():
+        engine = await FakeEngine("stream", events=N, chunk_bytes=4096).start()
+        config = DispatcherConfig(server=ServerConfig(name="dispatcher", port=0),
+                                  replicas=parse_replicas(f"e0=vllm+{engine.url}"), poll_interval=0.1,
+                                  poll_timeout=0.5, seed=2, http=HttpConfig(port=0, client_write_timeout=5.0))
+        service = await serve(config)
+        try:
+            await wait_until(lambda: all(service.router.state.healthy), timeout=5)
+            host, port = service.http_url.rsplit("//", 1)[1].rsplit(":", 1)
+            loop = asyncio.get_running_loop()
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (host, int(port)))
+            body = orjson.dumps({"model": "m", "stream": True, "stream_options": {"include_usage": True},
+                                 "messages": [{"role": "user", "content": "slow"}]})
+            await loop.sock_sendall(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                                    % len(body) + body)
+            raw = bytearray()
+            try:
+                while more := await asyncio.wait_for(loop.sock_recv(sock, 4096), 10):
+                    raw += more
+                    await asyncio.sleep(0.001)
+            finally:
+                sock.close()
+            assert raw.startswith(b"HTTP/1.1 200")
+            events = _dechunk(bytes(raw)).split(b"\n\n")
+            assert events[-2:] == [b"data: [DONE]", b""]
+            assert len(events) == N + 3 and all(e.startswith(b'data: {') for e in events[:-2])
+            assert all(b"x" * 4096 in e for e in events[:N]) and b'"usage"' in events[N]
+            assert waits, "the transport never filled: the test did not exercise the wait for room"
+            assert engine.aborted == 0 and service.router.outstanding == [0]
+            client = [s for m in service.dispatcher.client_errors.collect() for s in m.samples
+                      if s.name.endswith("_total") and s.value]
+            assert client == []
+        finally:
+            await service.stop()
+            await engine.stop()
+
+    asyncio.run(main())

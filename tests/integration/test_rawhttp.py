@@ -257,3 +257,61 @@ def test_bad_urls_and_header_values_are_refused():
         rawhttp._header_bytes({"authorization": "Bearer a\r\nx-evil: 1"})
     assert Origin("http://[::1]:8000")._host_header == b"host: [::1]:8000\r\n"
     assert Origin("https://api.example.com")._host_header == b"host: api.example.com\r\n"
+
+
+def test_pump_pushes_chunks_to_a_sink_pauses_when_it_is_full_and_passes_its_errors_on():
+    async def main():
+        runner, port, _ = await app_server()
+        origin = Origin(f"http://127.0.0.1:{port}")
+        try:
+            got: list[bytes] = []
+            answer = await origin.request("GET", "/stream?n=6&gap=0.02", idle=2.0)
+            assert await answer.pump(lambda data: got.append(data) or True) is True
+            assert b"".join(got) == b"".join(b"data: %d\n\n" % i for i in range(6)) and len(got) >= 3
+            answer.release()
+
+            got.clear()                                  # a sink that is full after each chunk
+            answer = await origin.request("GET", "/stream?n=6&gap=0.02", idle=2.0)
+            rounds = 0
+            while not await answer.pump(lambda data: got.append(data) and False):
+                rounds += 1
+                assert answer._conn.paused               # nothing is read while the sink is full
+                await asyncio.sleep(0.03)
+            assert b"".join(got) == b"".join(b"data: %d\n\n" % i for i in range(6)) and rounds >= 3
+            answer.release()
+
+            def broken(data):
+                raise ConnectionResetError("the client left")
+            answer = await origin.request("GET", "/stream?n=50&gap=0.02", idle=2.0)
+            with pytest.raises(ConnectionResetError):
+                await answer.pump(broken)
+            answer.close()
+        finally:
+            await origin.close()
+            await runner.cleanup()
+    run(main())
+
+
+def test_pump_raises_when_the_engine_cuts_the_stream():
+    async def cut(reader, writer):
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n"
+                     b"9\r\ndata: 0\n\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+
+    async def main():
+        server, port = await raw_server(cut)
+        origin = Origin(f"http://127.0.0.1:{port}")
+        try:
+            got = []
+            answer = await origin.request("GET", "/", idle=2.0)
+            with pytest.raises(Disconnected):
+                await answer.pump(lambda data: got.append(data) or True)
+            assert got == [b"data: 0\n\n"]
+            answer.close()
+        finally:
+            await origin.close()
+            server.close()
+    run(main())
