@@ -93,33 +93,46 @@ class Answer:
 
     # -- fed by the connection
     def _feed(self, data: bytes) -> None:
-        sink = self._sink
-        if sink is not None:            # pump: handed on here, in the connection's callback
-            try:
-                more = sink(data)
-            except Exception as exc:    # noqa: BLE001 - the sink's failure is pump's caller's
-                self._sink = None
-                self._conn.pause()
-                waiter = self._waiter
-                if waiter is not None and not waiter.done():
-                    waiter.set_exception(exc)
-                return
-            if not more:                # the sink is full: what else comes waits here, unread
-                self._sink = None
-                self._conn.pause()
-                waiter = self._waiter
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(False)
-            return
         self._chunks.append(data)
         self._size += len(data)
+        if self._sink is not None:      # pump: handed on once per network read (_flush), as readany takes them
+            return
         if self._size > HIGH_WATER:
             self._conn.pause()
         self._wake()
 
+    def _flush(self) -> None:
+        """pump: the chunks of this network read to the sink, in one block, in the connection's callback."""
+        sink = self._sink
+        if sink is None or not self._chunks:
+            return
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._size = 0
+        try:
+            more = sink(data)
+        except Exception as exc:        # noqa: BLE001 - the sink's failure is pump's caller's
+            self._stop_pump()
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(exc)
+            return
+        if not more:                    # the sink is full: what else comes waits here, unread
+            self._stop_pump()
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(False)
+
+    def _stop_pump(self) -> None:
+        self._sink = None
+        if not self._done and self._exc is None:
+            self._conn.pause()
+
     def _end(self, exc: BaseException | None = None) -> None:
         if self._done or self._exc is not None:
             return
+        self._flush()                   # what came before the end goes first, as readany gives it
         if exc is None:
             self._done = True
         else:
@@ -162,7 +175,8 @@ class Answer:
 
     async def pump(self, sink: Callable[[bytes], bool]) -> bool:
         """Hand the body to `sink(data) -> bool` as it arrives, called from the connection's
-        callback (no wake-up of the reader per chunk): what is buffered first, then each chunk.
+        callback (no wake-up of the reader per chunk): what is buffered first, then what each
+        network read brings, in one block (the chunks readany would have taken together).
         True at the end of the body; False once `sink` returned False (reading is paused until
         the next `pump`, which resumes it). Raises what `readany` would, and what `sink` raised."""
         if self._chunks:
@@ -174,12 +188,12 @@ class Answer:
                 if not self._done and self._exc is None:
                     self._conn.pause()
                     return False
+        if self._conn.paused:
+            self._conn.resume()
         if self._exc is not None:
             raise self._exc
         if self._done:
             return True
-        if self._conn.paused:
-            self._conn.resume()
         self._sink = sink
         self._waiter = self._loop.create_future()
         try:
@@ -252,6 +266,10 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(BadResponse(f"bad HTTP answer: {exc}"))
             self.abort()
+            return
+        answer = self._answer
+        if answer is not None and answer._sink is not None:
+            answer._flush()                 # pumped: one block per network read
 
     def eof_received(self):
         return False                        # close our side too

@@ -315,3 +315,32 @@ def test_pump_raises_when_the_engine_cuts_the_stream():
             await origin.close()
             server.close()
     run(main())
+
+
+def test_pump_hands_on_what_one_network_read_brings_in_one_block():
+    """Chunks that arrive together are pushed together (one client write), as readany takes them."""
+    async def burst(reader, writer):
+        await read_head(reader)
+        events = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in (b"data: %d\n\n" % i for i in range(5)))
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(events)                 # five chunks in one write
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"9\r\ndata: 5\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+
+    async def main():
+        server, port = await raw_server(burst)
+        origin = Origin(f"http://127.0.0.1:{port}")
+        try:
+            got = []
+            answer = await origin.request("GET", "/", idle=2.0)
+            assert await answer.pump(lambda data: got.append(data) or True) is True
+            assert got == [b"".join(b"data: %d\n\n" % i for i in range(5)), b"data: 5\n\n"]
+            answer.release()
+        finally:
+            await origin.close()
+            server.close()
+    run(main())
