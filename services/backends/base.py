@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from services.http import oai
 
@@ -106,8 +106,7 @@ class Reply:
     sent them: each network chunk as it came, or whole SSE events when the usage chunk is
     stripped; services.backends.relay) and may raise EngineError mid-stream. `usage`:
     (prompt tokens, cached tokens, completion tokens or None) once seen (streams: set while `events` runs). `close()`
-    releases the engine request, cancelling it if unfinished. `pipe(sink)`, when set, relays the
-    same stream pushed into a services.backends.relay.Sink instead of pulled from `events`."""
+    releases the engine request, cancelling it if unfinished."""
 
     status: int
     content_type: str
@@ -115,7 +114,6 @@ class Reply:
     events: AsyncIterator[bytes] | None = None
     usage: tuple[int, int, int | None] | None = None
     close: Callable[[], Awaitable[None]] = _nothing
-    pipe: Callable[[Any], Awaitable[None]] | None = None
 
 
 def parse_endpoint(address: str, default_kind: str = "cacheroute") -> tuple[str, str]:

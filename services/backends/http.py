@@ -39,7 +39,7 @@ from services.backends import llamacpp, sglang, vllm
 from services.backends.base import ApiCall, Backend, BackendDown, Deadlines, EngineError, EngineStats, Reply
 from services.backends.metrics import sample_sums
 from services.backends.rawhttp import Answer, ConnectError, ConnectTimeout, HttpError, Origin
-from services.backends.relay import EVENT_END, pipe_events, read_whole, relay_events, whole_usage
+from services.backends.relay import EVENT_END, read_whole, relay_events, whole_usage
 
 READERS = {"vllm": vllm.read_stats, "sglang": sglang.read_stats, "llamacpp": llamacpp.read_stats}
 
@@ -160,7 +160,6 @@ class HttpBackend(Backend):
             return Reply(status, ctype, body=data, usage=whole_usage(data) if status == 200 else None)
         reply = Reply(status, ctype)
         reply.events = relay_events(upstream, reply, strip, d)
-        reply.pipe = lambda sink: pipe_events(upstream, reply, strip, d, sink)
         reply.close = lambda: _finish(upstream, reply.events)
         return reply
 

@@ -12,7 +12,6 @@ headers one dict, and each chunk one append (plus one future wake-up when a read
   answer = await origin.request("POST", "/v1/chat/completions", body, {"content-type": ...}, connect=3.0)
   answer.status, answer.headers.get("content-type")     # lower-case names
   while data := await answer.readany(): ...             # or: await answer.read()
-  while not await answer.pump(sink): await room()       # or pushed: sink(data) -> False when full
   answer.release()                                      # connection back to the pool (or closed)
   answer.close()                                        # the engine's request aborted
 
@@ -38,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from typing import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -73,8 +71,7 @@ class Answer:
     """One engine answer: `status`, `headers` (lower-case names; a repeated header keeps its
     last value), the body through `readany` / `read`, then `release` or `close`."""
 
-    __slots__ = ("status", "headers", "_conn", "_chunks", "_size", "_done", "_exc", "_waiter", "_loop", "_released",
-                 "_sink")
+    __slots__ = ("status", "headers", "_conn", "_chunks", "_size", "_done", "_exc", "_waiter", "_loop", "_released")
 
     def __init__(self, conn: "_Connection", status: int, headers: dict[str, str]) -> None:
         self.status, self.headers = status, headers
@@ -86,7 +83,6 @@ class Answer:
         self._waiter: asyncio.Future | None = None
         self._loop = conn.loop
         self._released = False
-        self._sink = None
 
     def __repr__(self) -> str:
         return f"Answer({self.status}, done={self._done})"
@@ -95,44 +91,13 @@ class Answer:
     def _feed(self, data: bytes) -> None:
         self._chunks.append(data)
         self._size += len(data)
-        if self._sink is not None:      # pump: handed on once per network read (_flush), as readany takes them
-            return
         if self._size > HIGH_WATER:
             self._conn.pause()
         self._wake()
 
-    def _flush(self) -> None:
-        """pump: the chunks of this network read to the sink, in one block, in the connection's callback."""
-        sink = self._sink
-        if sink is None or not self._chunks:
-            return
-        chunks = self._chunks
-        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._size = 0
-        try:
-            more = sink(data)
-        except Exception as exc:        # noqa: BLE001 - the sink's failure is pump's caller's
-            self._stop_pump()
-            waiter = self._waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(exc)
-            return
-        if not more:                    # the sink is full: what else comes waits here, unread
-            self._stop_pump()
-            waiter = self._waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(False)
-
-    def _stop_pump(self) -> None:
-        self._sink = None
-        if not self._done and self._exc is None:
-            self._conn.pause()
-
     def _end(self, exc: BaseException | None = None) -> None:
         if self._done or self._exc is not None:
             return
-        self._flush()                   # what came before the end goes first, as readany gives it
         if exc is None:
             self._done = True
         else:
@@ -142,7 +107,7 @@ class Answer:
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(True)
+            waiter.set_result(None)
 
     # -- the reader's side
     def at_eof(self) -> bool:
@@ -172,38 +137,6 @@ class Answer:
         if self._conn.paused:
             self._conn.resume()
         return data
-
-    async def pump(self, sink: Callable[[bytes], bool]) -> bool:
-        """Hand the body to `sink(data) -> bool` as it arrives, called from the connection's
-        callback (no wake-up of the reader per chunk): what is buffered first, then what each
-        network read brings, in one block (the chunks readany would have taken together).
-        True at the end of the body; False once `sink` returned False (reading is paused until
-        the next `pump`, which resumes it). Raises what `readany` would, and what `sink` raised."""
-        if self._chunks:
-            chunks = self._chunks
-            data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-            chunks.clear()
-            self._size = 0
-            if not sink(data):
-                if not self._done and self._exc is None:
-                    self._conn.pause()
-                    return False
-        if self._conn.paused:
-            self._conn.resume()
-        if self._exc is not None:
-            raise self._exc
-        if self._done:
-            return True
-        self._sink = sink
-        self._waiter = self._loop.create_future()
-        try:
-            more = await self._waiter
-        finally:
-            self._waiter = None
-            self._sink = None
-        if more and self._exc is not None:
-            raise self._exc
-        return more
 
     async def read(self) -> bytes:
         """The rest of the body."""
@@ -266,10 +199,6 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(BadResponse(f"bad HTTP answer: {exc}"))
             self.abort()
-            return
-        answer = self._answer
-        if answer is not None and answer._sink is not None:
-            answer._flush()                 # pumped: one block per network read
 
     def eof_received(self):
         return False                        # close our side too

@@ -11,11 +11,6 @@ itself (`strip`: the client did not), the stream is relayed event-aligned instea
 passed on as soon as they end on an event boundary, a partial event waits for its end, and
 that chunk (`"choices": []`) is dropped; separators are kept as they came.
 
-Pushed (`pipe_events`, the HTTP front door's way): the same blocks, handed to a sink from the
-engine connection's callback as each chunk is parsed (services.backends.rawhttp `Answer.pump`),
-instead of a reader task woken per chunk to pull them; the first block is awaited (it carries the
-client's headers), and when the sink is full reading stops until it has room again.
-
 Errors: no event within `first_byte` seconds of the headers, or no byte for `idle` seconds
 after that, is EngineError "timeout"; a broken connection "failed" (both mid-stream: the
 client has the headers, so no retry).
@@ -25,23 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import AsyncIterator, Awaitable, Callable, Protocol
+from typing import AsyncIterator
 
 import orjson
 
 from services.http import oai
 from services.backends.base import Deadlines, EngineError, Reply
 from services.backends.rawhttp import Answer, HttpError
-
-class Sink(Protocol):
-    """Where a pushed stream goes (pipe_events): `await first(block)` once, then `write(block)`
-    from the engine connection's callback (False: the sink is full; the relay stops reading and
-    awaits `room()` before it goes on); `room` raises when the sink is gone or stalled."""
-
-    first: Callable[[bytes], Awaitable[None]]
-    write: Callable[[bytes], bool]
-    room: Callable[[], Awaitable[None]]
-
 
 # the end of an SSE event: a blank line, with any of the spec's line endings (LF, CRLF, CR)
 EVENT_END = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
@@ -99,50 +84,12 @@ async def read_whole(upstream: Answer, idle: float) -> bytes:
         raise EngineError("failed", type(exc).__name__, f"closed the response: {type(exc).__name__}") from None
 
 
-class EventScan:
-    """The rule of the module header for one engine chunk at a time, synchronous: `feed(data)`
-    is the block to pass on now (b"" while a partial event waits, with `strip` or `whole`),
-    `rest()` what is left when the stream ends; usage figures are recorded on `reply`."""
-
-    __slots__ = ("reply", "strip", "aligned", "_tail")
-
-    def __init__(self, reply: Reply, strip: bool, whole: bool = False) -> None:
-        self.reply, self.strip, self.aligned = reply, strip, strip or whole
-        self._tail = b""
-
-    def feed(self, data: bytes) -> bytes:
-        tail = self._tail
-        if not self.aligned:        # pass the chunk on as it came; scan whole events for usage
-            scan = tail + data if tail else data
-            cut = last_event_end(scan)
-            if cut < 0:
-                self._tail = scan
-            else:
-                if has_usage(scan) and (found := usage_events(scan[:cut], False)[1]) is not None:
-                    self.reply.usage = found
-                self._tail = scan[cut:] if cut < len(scan) else b""
-            return data
-        data = tail + data if tail else data
-        cut = last_event_end(data)
-        if cut < 0:
-            self._tail = data
-            return b""
-        ready, self._tail = data[:cut], data[cut:]
-        if has_usage(ready):
-            ready, found = usage_events(ready, self.strip)
-            self.reply.usage = found or self.reply.usage
-        return ready
-
-    def rest(self) -> bytes:
-        return self._tail if self.aligned else b""
-
-
 async def relay_events(upstream: Answer, reply: Reply, strip: bool,
                        deadlines: Deadlines, *, whole: bool = False) -> AsyncIterator[bytes]:
     """The bytes of `upstream`'s SSE stream in blocks, usage recorded on `reply` (module header):
     each network chunk as it came, or, with `strip` or `whole`, blocks of whole events."""
-    scan = EventScan(reply, strip, whole)
-    waiting = deadlines.first_byte
+    tail, waiting = b"", deadlines.first_byte
+    aligned = strip or whole
     readany = upstream.readany
     try:
         while True:
@@ -154,40 +101,30 @@ async def relay_events(upstream: Answer, reply: Reply, strip: bool,
             if not data:
                 break
             waiting = None
-            if block := scan.feed(data):
-                yield block
-        if rest := scan.rest():
-            yield rest
-    except TimeoutError:
-        waited = deadlines.idle if waiting is None else waiting
-        raise EngineError("timeout", "idle", f"sent nothing for {waited:g}s") from None
-    except HttpError as exc:
-        raise EngineError("failed", type(exc).__name__, f"closed the stream: {type(exc).__name__}") from None
-
-
-async def pipe_events(upstream: Answer, reply: Reply, strip: bool, deadlines: Deadlines, sink: Sink) -> None:
-    """relay_events pushed instead of pulled (module header, "Pushed"): the same blocks, the
-    same deadlines and errors (EngineError), handed to `sink`; what the sink raises passes through."""
-    scan = EventScan(reply, strip)
-    waiting: float | None = deadlines.first_byte
-    try:
-        async with asyncio.timeout(waiting):
-            data = await upstream.readany()
-        waiting = None
-        if data:
-            if block := scan.feed(data):
-                await sink.first(block)
-            write = sink.write
-
-            def push(data: bytes) -> bool:
-                block = scan.feed(data)
-                return write(block) if block else True
-
-            while not await upstream.pump(push):
-                await sink.room()
-        if rest := scan.rest():
-            if not sink.write(rest):
-                await sink.room()
+            if not aligned:         # pass the chunk on as it came; scan whole events for usage
+                scan = tail + data if tail else data
+                cut = last_event_end(scan)
+                if cut < 0:
+                    tail = scan
+                else:
+                    if has_usage(scan) and (found := usage_events(scan[:cut], False)[1]) is not None:
+                        reply.usage = found
+                    tail = scan[cut:] if cut < len(scan) else b""
+                yield data
+                continue
+            data = tail + data if tail else data
+            cut = last_event_end(data)
+            if cut < 0:
+                tail = data
+                continue
+            ready, tail = data[:cut], data[cut:]
+            if has_usage(ready):
+                ready, found = usage_events(ready, strip)
+                reply.usage = found or reply.usage
+            if ready:
+                yield ready
+        if tail and aligned:
+            yield tail
     except TimeoutError:
         waited = deadlines.idle if waiting is None else waiting
         raise EngineError("timeout", "idle", f"sent nothing for {waited:g}s") from None

@@ -14,8 +14,7 @@ written to the client here:
 - HTTP kinds (vllm, sglang, llamacpp, openai): the body is forwarded unchanged and the
   engine's status, content type and body bytes come back unchanged, streamed for SSE as the
   engine's chunks arrive, one client write each (events framed with LF, CRLF or CR blank
-  lines, as the SSE spec allows; services.backends.relay), pushed from the engine connection's
-  callback to the client's transport (no task wake-up per chunk; services.http.stream). One exception, for cache telemetry: a stream whose client did not set
+  lines, as the SSE spec allows; services.backends.relay). One exception, for cache telemetry: a stream whose client did not set
   `stream_options.include_usage` is sent with it set, and the engine's final usage chunk
   (`"choices": []`) is dropped before it reaches the client. Usage figures go to
   services.dispatcher.cachestats.
@@ -80,6 +79,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
@@ -92,7 +92,6 @@ from services.dispatcher.dispatch import Dispatcher, Job, Served, completing, ht
 from services.dispatcher.keys import KEY_HEADER, PromptKeys, request_key, tenant_cache_salt
 from services.dispatcher.router import Router
 from services.http.server import HttpTimeouts, start_http
-from services.http.stream import ClientGone, ClientStream
 
 
 @dataclass(frozen=True)
@@ -118,6 +117,13 @@ class HttpConfig:
     @property
     def deadlines(self) -> Deadlines:
         return Deadlines(connect=self.connect_timeout, first_byte=self.first_byte_timeout, idle=self.upstream_timeout)
+
+
+WRITE_MARGIN = 4096      # bytes a write may add beyond the block (chunk framing, buffered headers)
+
+
+class _ClientGone(Exception):
+    """Writing to the client failed (it reset or closed) or timed out: never the engine's failure."""
 
 
 class FrontDoor:
@@ -286,14 +292,11 @@ class FrontDoor:
                                 headers={"content-type": reply.content_type, **headers})
         resp = web.StreamResponse(status=reply.status, headers={"content-type": reply.content_type,
                                                                 "cache-control": "no-cache", **headers})
-        stream = ClientStream(request, resp, await resp.prepare(request), self.config.client_write_timeout)
+        await resp.prepare(request)
         try:
-            if reply.pipe is not None:
-                await reply.pipe(stream)
-            else:
-                async for block in reply.events:
-                    await stream.send(block)
-        except ClientGone as gone:     # the client's side broke or stalled: not the engine's failure (issue 20)
+            async for block in reply.events:
+                await self._to_client(request, resp, block)
+        except _ClientGone as gone:     # the client's side broke or stalled: not the engine's failure (issue 20)
             served.client_gone(str(gone))
             return resp
         except EngineError as error:
@@ -304,6 +307,25 @@ class FrontDoor:
         served.finish(reply.usage)
         await resp.write_eof()
         return resp
+
+    async def _to_client(self, request: web.Request, resp: web.StreamResponse, data: bytes) -> None:
+        transport = request.transport
+        try:
+            # A write waits only while the transport is paused (its buffer past the high-water
+            # mark): when it is not, and this block cannot push it there, the write cannot block
+            # and needs no deadline (a timer armed and cancelled per relayed block otherwise).
+            if transport is not None and not request.protocol.writing_paused and \
+                    transport.get_write_buffer_size() + len(data) + WRITE_MARGIN < transport.get_write_buffer_limits()[1]:
+                await resp.write(data)
+                return
+            async with asyncio.timeout(self.config.client_write_timeout):
+                await resp.write(data)
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()       # drop the client; closing the Reply cancels the engine request
+            raise _ClientGone("write_timeout") from None
+        except (ConnectionError, RuntimeError, aiohttp.ClientConnectionError):
+            raise _ClientGone("reset") from None
 
 
 async def _stream_error(resp: web.StreamResponse, message: str, type_: str, code: int) -> None:
