@@ -16,9 +16,12 @@ update as they are, and decodes, indexes and prepares them in one worker thread
 (Router.install). The same holds for a plan read from the store. An update naming the
 version already installed changes only the mode (plans are immutable per version).
 
-The engine set (services/core/engines.py) is followed the same way by `EngineFeed`: every
-`interval` (default 0.5 s) it asks the planner's ListEngines with the version it holds (an
-unchanged set costs one small answer), and reads the store when the planner does not answer.
+The engine set (services/core/engines.py) is followed the same way by `EngineFeed`: it asks the
+planner's ListEngines with the version it holds and `wait_seconds` LONG_POLL (10 s): the planner
+holds the call until its set changes or the wait passes (a long poll: one call per change or per
+10 s, where a poll every 0.5 s cost an idle dispatcher ~2.5-3 ms of CPU a second). The first read,
+an older planner (it answers at once), an error, or the store when the planner does not answer:
+the next read `interval` (0.5 s) later. The drain gate below runs every `interval` on its own.
 An engine the dispatcher does not know gets the next slot (ReplicaMonitor.add: polled at
 once) and the installed plan is prepared again for the grown slot count before the slot can
 route; a draining engine stays in rotation until the plan the dispatcher runs names it no
@@ -226,6 +229,9 @@ class PlanFeed:
                                                 decode_s=round(decode_s, 3)))
 
 
+LONG_POLL = 10.0      # seconds the planner may hold an EngineFeed read of an unchanged set
+
+
 class EngineFeed:
     """Follows the engine set (module header) into the router and the replica monitor."""
 
@@ -237,12 +243,14 @@ class EngineFeed:
         self.store = store
         self.interval = interval
         self.timeout = timeout
+        self.long_poll = LONG_POLL
         self.version = 0
         self.engines = EngineSet()
         self.draining: set[int] = set()
         self._tls = tls
         self._channel: grpc.aio.Channel | None = None
         self._task: asyncio.Task | None = None
+        self._gating: asyncio.Task | None = None
         self._stopping = False
         self._skipped: set[str] = set()
         self._plan_names: dict[tuple[int, str], bool] = {}     # (plan version, id) -> the plan places keys there
@@ -251,48 +259,70 @@ class EngineFeed:
         if self.planner:
             self._channel = aio_channel(self.planner, self._tls)
         await self.step()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-feed")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="engine-feed")
+        self._gating = loop.create_task(self._gate_loop(), name="engine-gate")
 
     async def stop(self) -> None:
         self._stopping = True
-        await stop_tasks([self._task])
-        self._task = None
+        await stop_tasks([self._task, self._gating])
+        self._task = self._gating = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self._stopping:
-            await asyncio.sleep(self.interval)
+            started = loop.time()
             try:
-                await self.step()
+                held = await self.step(wait=self.long_poll)
             except Exception:  # noqa: BLE001 - the feed must survive a bad step
                 log.exception("engine feed step failed")
+                held = False
+            if not held:     # no long poll (the store, an older planner, an error): the next read after interval
+                await asyncio.sleep(max(0.0, started + self.interval - loop.time()))
 
-    async def step(self) -> None:
-        """One poll of the set, then the drain gate on the plan installed now."""
-        engines = await self._read()
+    async def _gate_loop(self) -> None:
+        """The drain gate every interval too: a long poll may hold a read for LONG_POLL seconds,
+        and a draining slot must leave rotation soon after the plan that drops it is installed."""
+        while not self._stopping:
+            await asyncio.sleep(self.interval)
+            self.gate()
+
+    async def step(self, wait: float = 0.0) -> bool:
+        """One read of the set (the planner may hold it up to `wait` s: the long poll), then the
+        drain gate on the plan installed now; True if the planner held the read or the set changed."""
+        engines, held = await self._read(wait)
         if engines is not None and engines.version != self.version:
             await self.apply(engines)
+            held = True
         self.gate()
+        return held
 
-    async def _read(self) -> EngineSet | None:
+    async def _read(self, wait: float = 0.0) -> tuple[EngineSet | None, bool]:
+        """(the set, or None if unchanged or unknown; whether the planner held the call)."""
         if self._channel is not None:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
             try:
                 answer = await planner_pb2_grpc.PlannerStub(self._channel).ListEngines(
-                    planner_pb2.ListEnginesRequest(known_version=self.version), timeout=self.timeout)
+                    planner_pb2.ListEnginesRequest(known_version=self.version, wait_seconds=wait if self.version else 0),
+                    timeout=self.timeout + (wait if self.version else 0))
+                # an answer in under half the wait was not held (a planner without the long poll)
+                held = bool(wait and self.version) and loop.time() - started >= wait / 2
                 if answer.unchanged:
-                    return None
-                return EngineSet(answer.version, tuple(_engine(e) for e in answer.engines))
+                    return None, held
+                return EngineSet(answer.version, tuple(_engine(e) for e in answer.engines)), held
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    return None                       # an older planner: a fixed engine set
+                    return None, False                 # an older planner: a fixed engine set
         if self.store is not None:
             try:
-                return await self.store.get_engine_set()
+                return await self.store.get_engine_set(), False
             except (ServiceError, ValueError, OSError) as exc:
                 log.warning("engine set read failed", extra=kv(error=str(exc)))
-        return None
+        return None, False
 
     async def apply(self, engines: EngineSet) -> None:
         """New engines get slots; states become rotation (module header)."""

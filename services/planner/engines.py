@@ -108,6 +108,7 @@ class EngineRegistry:
         self.current = EngineSet()        # version 0 until the store answers
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._waiters: list[asyncio.Future] = []     # wait_change callers, woken by the next adoption
 
     def placeable_ids(self) -> tuple[str, ...]:
         """The active engines' ids; the configured ones until the store has answered once."""
@@ -127,6 +128,13 @@ class EngineRegistry:
         self._stopping = True
         await stop_tasks([self._task])
         self._task = None
+        self._wake_waiters()            # held long polls answer now, not at the end of the server's grace
+
+    def _wake_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def refresh(self) -> None:
         try:
@@ -136,9 +144,26 @@ class EngineRegistry:
             return
         await self._adopt(stored)
 
+    async def wait_change(self, version: int, timeout: float) -> None:
+        """Return once this planner has adopted a set other than `version`, or after `timeout` s
+        (ListEngines' long poll: a dispatcher holding the current set waits here, not in a loop)."""
+        if self.current.version != version or self._stopping:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
     async def _adopt(self, stored: EngineSet) -> None:
         if stored.version and stored.version != self.current.version:
             self.current = stored
+            self._wake_waiters()
             log.info("engine set", extra=kv(version=stored.version, engines={e.id: e.state for e in stored.engines}))
             if self.on_change is not None:
                 await self.on_change(stored)

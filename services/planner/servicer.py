@@ -108,6 +108,9 @@ def advice_pb(advisor: "RecommendedReplicas") -> planner_pb2.CapacityAdvice:
                                         meets_slo=p.meets_slo) for p in a.points])
 
 
+MAX_ENGINE_WAIT = 30.0      # seconds a ListEngines long poll is held at most
+
+
 class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     def __init__(self, store: Store, loop: ControlLoop, hub: WatchHub, *, planner_id: str,
                  clock: Callable[[], float], gate: Gate | None = None,
@@ -417,7 +420,13 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     async def ListEngines(self, request, context):
         engines = await self.store.get_engine_set()
         if request.known_version and request.known_version == engines.version:
-            return planner_pb2.EngineSet(version=engines.version, unchanged=True)
+            wait = min(request.wait_seconds, MAX_ENGINE_WAIT) if request.wait_seconds > 0 else 0.0
+            if not wait or self.engines is None:
+                return planner_pb2.EngineSet(version=engines.version, unchanged=True)
+            await self.engines.registry.wait_change(engines.version, wait)     # the long poll (planner.proto)
+            engines = await self.store.get_engine_set()
+            if request.known_version == engines.version:
+                return planner_pb2.EngineSet(version=engines.version, unchanged=True)
         keys = None
         if request.planned_keys:
             active = (await self.store.get_control()).active_version

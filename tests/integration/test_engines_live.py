@@ -238,3 +238,50 @@ def test_bad_engine_requests_get_clear_statuses(redis_url):
     assert out == {"url for a grpc engine": "INVALID_ARGUMENT", "no address": "INVALID_ARGUMENT",
                    "bad id": "INVALID_ARGUMENT", "no engine": "INVALID_ARGUMENT", "last active": "FAILED_PRECONDITION",
                    "unknown": "NOT_FOUND", "version": 1}
+
+
+def test_list_engines_long_poll_is_held_until_the_set_changes_or_the_wait_passes(redis_url):
+    """ListEngines with `wait_seconds` (the dispatcher's EngineFeed long poll): a caller holding the
+    current version waits; an AddEngine answers it at once with the new set; with no change it gets
+    `unchanged` after the wait; a stale version or no wait is answered at once."""
+    async def main():
+        planner = await PlannerService(planner_config(redis_url, {"e0": "127.0.0.1:1"})).start()
+        out = {}
+        try:
+            async with grpc.aio.insecure_channel(planner.address) as ch:
+                stub = planner_pb2_grpc.PlannerStub(ch)
+                v = (await stub.ListEngines(pb.ListEnginesRequest(), timeout=5)).version
+                t0 = time.monotonic()
+                quiet = await stub.ListEngines(pb.ListEnginesRequest(known_version=v, wait_seconds=0.6), timeout=5)
+                out["quiet"] = (quiet.unchanged, time.monotonic() - t0)
+                t0 = time.monotonic()
+                held = asyncio.ensure_future(stub.ListEngines(pb.ListEnginesRequest(known_version=v, wait_seconds=20),
+                                                              timeout=25))
+                await asyncio.sleep(0.3)
+                out["pending"] = not held.done()
+                await stub.AddEngine(pb.AddEngineRequest(address="127.0.0.1:2"), timeout=5)
+                changed = await held
+                out["changed"] = (changed.unchanged, changed.version > v, len(changed.engines), time.monotonic() - t0)
+                t0 = time.monotonic()
+                stale = await stub.ListEngines(pb.ListEnginesRequest(known_version=v, wait_seconds=20), timeout=5)
+                out["stale"] = (stale.unchanged, time.monotonic() - t0)
+                held = asyncio.ensure_future(stub.ListEngines(
+                    pb.ListEnginesRequest(known_version=changed.version, wait_seconds=20), timeout=25))
+                await asyncio.sleep(0.3)
+                t0 = time.monotonic()
+                await planner.stop(10)           # a held poll must not keep a stopping planner for its grace
+                out["stop"] = time.monotonic() - t0
+                out["released"] = (await held).unchanged
+                planner = None
+        finally:
+            if planner is not None:
+                await planner.stop(0)
+        return out
+
+    out = asyncio.run(main())
+    assert out["quiet"][0] is True and 0.55 <= out["quiet"][1] < 3
+    assert out["pending"] is True
+    unchanged, newer, n, waited = out["changed"]
+    assert (unchanged, newer, n) == (False, True, 2) and waited < 3
+    assert out["stale"][0] is False and out["stale"][1] < 2
+    assert out["stop"] < 3 and out["released"] is True

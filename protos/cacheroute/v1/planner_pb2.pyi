@@ -282,12 +282,14 @@ class PlannerStatus(_message.Message):
     def __init__(self, planner_id: _Optional[str] = ..., leader: _Optional[bool] = ..., lease_fencing_token: _Optional[int] = ..., active_version: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., pinned_version: _Optional[int] = ..., mode_reason: _Optional[str] = ..., last_loop_at: _Optional[float] = ..., last_loop_outcome: _Optional[str] = ..., latest_version: _Optional[int] = ..., available_hit_rate: _Optional[float] = ..., achieved_hit_rate: _Optional[float] = ...) -> None: ...
 
 class ListEnginesRequest(_message.Message):
-    __slots__ = ("known_version", "planned_keys")
+    __slots__ = ("known_version", "planned_keys", "wait_seconds")
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     PLANNED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     known_version: int
     planned_keys: bool
-    def __init__(self, known_version: _Optional[int] = ..., planned_keys: _Optional[bool] = ...) -> None: ...
+    wait_seconds: float
+    def __init__(self, known_version: _Optional[int] = ..., planned_keys: _Optional[bool] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
     __slots__ = ("slot", "id", "address", "state", "source", "changed_at", "planned_keys", "healthy")
