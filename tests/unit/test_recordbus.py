@@ -172,20 +172,26 @@ def test_bad_knobs_are_refused():
     assert isinstance(ClusterState.empty(1).share, float)
 
 
+class _Channel:
+    """A bus channel that keeps (when, stamped interval) of each batch published."""
+    name = "test"
+
+    def __init__(self):
+        self.published: list[tuple[float, float]] = []
+
+    async def publish(self, data: bytes) -> None:
+        self.published.append((time.monotonic(), decode_batch(data).interval))
+
+    @property
+    def sent(self) -> list[float]:
+        return [interval for _, interval in self.published]
+
+
 def test_alone_a_router_publishes_a_beacon_and_every_interval_once_it_hears_a_peer():
-    class Channel:
-        name = "test"
-
-        def __init__(self):
-            self.sent: list[float] = []
-
-        async def publish(self, data: bytes) -> None:
-            self.sent.append(decode_batch(data).interval)
-
     async def main():
         r = router()
         bus = _bus(r, interval=0.05)
-        bus.channel = Channel()
+        bus.channel = _Channel()
         r.routes_out = []
         task = asyncio.create_task(bus._send_loop())
         await asyncio.sleep(0.8)                 # alone: the first tick (the beacon is 2 s later)
@@ -202,19 +208,10 @@ def test_alone_a_router_publishes_a_beacon_and_every_interval_once_it_hears_a_pe
 
 
 def test_alone_the_send_loop_sleeps_until_the_beacon_and_a_peer_wakes_it_at_once():
-    class Channel:
-        name = "test"
-
-        def __init__(self):
-            self.sent: list[float] = []
-
-        async def publish(self, data: bytes) -> None:
-            self.sent.append(time.monotonic())
-
     async def main():
         r = router()
         bus = _bus(r, interval=0.01, handover=False)
-        bus.channel = Channel()
+        bus.channel = _Channel()
         r.routes_out = []
         ticks = []
         expire = bus.expire
@@ -226,7 +223,7 @@ def test_alone_the_send_loop_sleeps_until_the_beacon_and_a_peer_wakes_it_at_once
         await bus.handle(encode_batch("peer", 1, 0.05, [])[0], heard_at)
         await asyncio.sleep(0.1)
         task.cancel()
-        return alone_ticks, heard_at, [t for t in bus.channel.sent if t >= heard_at]
+        return alone_ticks, heard_at, [t for t, _ in bus.channel.published if t >= heard_at]
 
     alone_ticks, heard_at, after = asyncio.run(main())
     assert alone_ticks == 1
