@@ -19,7 +19,7 @@ Rule.
   the rest, and at 10 batches a second, each heard back by its own subscription, the bus cost a
   lone dispatcher CPU for nothing. Alone and past its hand-over wait, its send loop sleeps from
   beacon to beacon (ticking every interval only to find nothing to do cost a lone dispatcher
-  ~1 ms/s); the first batch it hears from a peer wakes it, and it publishes then and every
+  ~2 ms/s: bench/recordbus_alone.py); the first batch it hears from a peer wakes it, and it publishes then and every
   `interval` after.
 - Receive: one subscription; a batch from this sender is ignored; a bad one (not this codec,
   malformed, over MAX_BATCH_BYTES or `batch_max` entries) is dropped whole and counted; an entry
