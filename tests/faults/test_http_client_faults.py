@@ -186,10 +186,11 @@ def _dechunk(raw: bytes) -> bytes:
 
 
 def test_a_slow_client_that_keeps_reading_gets_every_byte():
-    """A client reading 4 KiB at a time from an 8 MiB stream fills the dispatcher's transport (its
-    writes wait for room, under --client-write-timeout) and still gets the engine's stream byte for
-    byte, usage included (the client asked for it), as one chunked response; nothing counts as a
-    client or an engine error, and the engine's request is not cancelled."""
+    """A client reading 4 KiB at a time from an 8 MiB stream (more than the kernel buffers on
+    loopback, so the dispatcher's writes back up) still gets the engine's stream byte for byte,
+    usage included (the client asked for it), as one chunked response, within
+    --client-write-timeout; nothing counts as a client or an engine error, and the engine's
+    request is not cancelled."""
     N = 2000                 # 8 MiB: past what the kernel buffers on loopback
 
     async def main():
