@@ -54,11 +54,17 @@ def highest_passing_rate(passes: Callable[[float], bool], start: float, end: flo
     return best
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (/proc/<pid>/stat fields 14 and 15)."""
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds a process has used (/proc/<pid>/stat fields 14 and 15)."""
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used."""
+    return sum(user_system_seconds(pid))
 
 
 async def wait_healthy(session, url: str, timeout: float = 60.0) -> None:

@@ -19,7 +19,8 @@ version already installed changes only the mode (plans are immutable per version
 The engine set (services/core/engines.py) is followed the same way by `EngineFeed`: it asks the
 planner's ListEngines with the version it holds and `wait_seconds` LONG_POLL (10 s): the planner
 holds the call until its set changes or the wait passes (a long poll: one call per change or per
-10 s, where a poll every 0.5 s cost an idle dispatcher ~2.5-3 ms of CPU a second). The first read,
+10 s, where a poll every 0.5 s cost an idle dispatcher 3.5-4 ms of CPU a second: bench/dispatcher_idle.py,
+docs/benchmarks.md). The first read,
 an older planner (it answers at once), an error, or the store when the planner does not answer:
 the next read `interval` (0.5 s) later. The drain gate below runs every `interval` on its own.
 An engine the dispatcher does not know gets the next slot (ReplicaMonitor.add: polled at
@@ -243,7 +244,6 @@ class EngineFeed:
         self.store = store
         self.interval = interval
         self.timeout = timeout
-        self.long_poll = LONG_POLL
         self.version = 0
         self.engines = EngineSet()
         self.draining: set[int] = set()
@@ -276,7 +276,7 @@ class EngineFeed:
         while not self._stopping:
             started = loop.time()
             try:
-                held = await self.step(wait=self.long_poll)
+                held = await self.step(wait=LONG_POLL)
             except Exception:  # noqa: BLE001 - the feed must survive a bad step
                 log.exception("engine feed step failed")
                 held = False
@@ -303,14 +303,15 @@ class EngineFeed:
     async def _read(self, wait: float = 0.0) -> tuple[EngineSet | None, bool]:
         """(the set, or None if unchanged or unknown; whether the planner held the call)."""
         if self._channel is not None:
+            wait = wait if self.version else 0.0        # the first read is answered at once
             loop = asyncio.get_running_loop()
             started = loop.time()
             try:
                 answer = await planner_pb2_grpc.PlannerStub(self._channel).ListEngines(
-                    planner_pb2.ListEnginesRequest(known_version=self.version, wait_seconds=wait if self.version else 0),
-                    timeout=self.timeout + (wait if self.version else 0))
+                    planner_pb2.ListEnginesRequest(known_version=self.version, wait_seconds=wait),
+                    timeout=self.timeout + wait)
                 # an answer in under half the wait was not held (a planner without the long poll)
-                held = bool(wait and self.version) and loop.time() - started >= wait / 2
+                held = wait > 0 and loop.time() - started >= wait / 2
                 if answer.unchanged:
                     return None, held
                 return EngineSet(answer.version, tuple(_engine(e) for e in answer.engines)), held

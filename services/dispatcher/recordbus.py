@@ -18,8 +18,8 @@ Rule.
   period (so a peer that appears keeps it live for PEER_EXPIRY of those): nobody is listening to
   the rest, and at 10 batches a second, each heard back by its own subscription, the bus cost a
   lone dispatcher CPU for nothing. Alone and past its hand-over wait, its send loop sleeps from
-  beacon to beacon (ticking every interval only to find nothing to do cost a lone dispatcher
-  ~2 ms/s: bench/recordbus_alone.py); the first batch it hears from a peer wakes it, and it publishes then and every
+  beacon to beacon (with the 2 s beacon a lone bus costs ~1 ms of CPU a second instead of ~5:
+  bench/recordbus_alone.py); the first batch it hears from a peer wakes it, and it publishes then and every
   `interval` after.
 - Receive: one subscription; a batch from this sender is ignored; a bad one (not this codec,
   malformed, over MAX_BATCH_BYTES or `batch_max` entries) is dropped whole and counted; an entry
