@@ -425,17 +425,22 @@ class RedisStore(Store):
     DECODED_PLANS = 2    # decoded plans kept: the active one and the newest (a million keys: ~0.3 GB each)
     INLINE_DECODE_BYTES = 1 << 20    # plans stored in fewer bytes are decoded on the event loop
 
-    def _observe_versions(self, counter: int) -> None:
-        if counter < self._seen_version:
+    def _observe_versions(self, counter: int, seen: int) -> None:
+        """`counter`: the store's version counter as read by a call sent when this client had
+        seen versions up to `seen`. Below that the store lost versions (a reset). Calls overlap
+        (the planner's loop, repairs and engine changes each take versions), so a counter below
+        what was seen only after the call went out is no reset: one that answered later did."""
+        if counter < seen:
             self._decoded.clear()
-            self.on_reset(self._seen_version, counter)
+            self.on_reset(seen, counter)
         self._seen_version = max(self._seen_version, counter)
 
     async def next_version(self) -> int:
+        seen = self._seen_version
         async with self._guard():
-            version, before = await self._plan_write(self._next_version, [self._p("seq")], [self._seen_version])
-        self._observe_versions(int(before))
-        self._observe_versions(int(version))
+            version, before = await self._plan_write(self._next_version, [self._p("seq")], [seen])
+        self._observe_versions(int(before), seen)
+        self._observe_versions(int(version), seen)
         return int(version)
 
     async def put_plan(self, plan: Plan) -> None:
@@ -446,7 +451,7 @@ class RedisStore(Store):
         async with self._guard():
             if not await self._plan_write(self._put_plan, keys, [v, blob, summary]):
                 raise FailedPrecondition(f"plan version {v} already exists")
-        self._observe_versions(v)
+        self._seen_version = max(self._seen_version, v)     # a version this client took: no reset to tell
         self._keep_decoded(v, summary, len(blob), plan)
 
     def _keep_decoded(self, version: int, summary: bytes, size: int, plan: Plan) -> None:
@@ -469,9 +474,10 @@ class RedisStore(Store):
                 pipe.strlen(plan_key)
                 summary, size = await pipe.execute()
                 if (summary, size) == kept[:2]:
-                    self._decoded.move_to_end(version)
+                    if version in self._decoded:        # a reset may have cleared it during the await
+                        self._decoded.move_to_end(version)
                     return kept[2]
-                del self._decoded[version]
+                self._decoded.pop(version, None)
             pipe = self._redis.pipeline(transaction=False)
             pipe.get(plan_key)
             pipe.get(summary_key)
@@ -495,6 +501,7 @@ class RedisStore(Store):
         return [decode_plan(b) for b in blobs if b is not None]
 
     async def get_control(self) -> ControlState:
+        seen = self._seen_version
         async with self._guard():
             pipe = self._redis.pipeline(transaction=True)
             pipe.get(self._p("active"))
@@ -503,7 +510,7 @@ class RedisStore(Store):
             pipe.get(self._p("seq"))
             active, mode, pinned, seq = await pipe.execute()
         mode = {k.decode(): v.decode() for k, v in mode.items()}
-        self._observe_versions(int(seq or 0))
+        self._observe_versions(int(seq or 0), seen)
         return ControlState(int(active or 0), Mode(mode.get("mode", "planned")), mode.get("reason", ""),
                             float(mode.get("at", 0.0)), int(pinned or 0), int(seq or 0))
 

@@ -7,6 +7,7 @@ is read again. Real redis-server and Redis Cluster."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 
 import pytest
@@ -87,5 +88,35 @@ def test_a_pruned_or_rewritten_version_is_read_again(any_redis_url):
         finally:
             await store.close()
             await other.close()
+
+    asyncio.run(main())
+
+
+def test_overlapping_version_calls_are_not_taken_for_a_lost_store(any_redis_url):
+    """The planner's loop, its repairs and its engine changes take versions and read the control
+    state at the same time on one store. A call that went out before another's answer raised the
+    highest version seen may read a lower counter: that is no reset, so the kept plans stay and
+    on_reset is not called, while puts of the taken versions land in any order."""
+    prefix = f"d{next(_prefixes)}"
+
+    async def main():
+        store = RedisStore(any_redis_url, prefix=prefix)
+        resets = []
+        store.on_reset = lambda seen, counter: resets.append((seen, counter))
+        try:
+            first, _ = plans(1)
+            await store.put_plan(first)
+            for _ in range(30):
+                got = await asyncio.gather(*(store.next_version() for _ in range(6)),
+                                           *(store.get_control() for _ in range(3)))
+                versions = got[:6]
+                assert len(set(versions)) == 6
+                for v in sorted(versions, reverse=True)[:2]:      # the newest first, then an older one
+                    newest = dataclasses.replace(first, version=v)
+                    await store.put_plan(newest)
+                assert await store.get_plan(newest.version) is newest   # kept: nothing was cleared
+            assert resets == []
+        finally:
+            await store.close()
 
     asyncio.run(main())
