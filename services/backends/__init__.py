@@ -35,11 +35,11 @@ __all__ = ["Backend", "BackendDown", "EngineStats", "HTTP_KINDS", "KINDS", "pars
 
 
 def make_backend(replica_id: str, address: str, default_kind: str = "cacheroute", *, tls=None,
-                 keys=None, deadlines=None) -> Backend:
+                 keys=None, deadlines=None, health_every: float = 0.0) -> Backend:
     """The backend of one configured replica address (see the module docstring); `keys`
     (services.auth.EngineKeys) gives an HTTP replica its API key."""
     kind, target = parse_endpoint(address, default_kind)
     if kind == "cacheroute":
         return CacheRouteBackend(replica_id, target, tls=tls)
     return HttpBackend(replica_id, target, kind, api_key=keys.for_url(target) if keys else None,
-                       deadlines=deadlines or Deadlines())
+                       deadlines=deadlines or Deadlines(), health_every=health_every)

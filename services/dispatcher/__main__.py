@@ -23,6 +23,8 @@ Environment variables (flags override them):
                                             (docs/experiments.md, "Hold at the dispatcher": it did not pay there)
   CACHEROUTE_POLL_INTERVAL (0.25)           replica health/stats poll period, seconds
   CACHEROUTE_POLL_TIMEOUT (0.2)             deadline of each poll RPC, seconds
+  CACHEROUTE_HEALTH_EVERY (1.0)             seconds between an HTTP engine's GET /health while its /metrics answers
+                                            (the polls in between read /metrics only; 0 = /health at every poll)
   CACHEROUTE_TELEMETRY_INTERVAL (0.5)       arrival flush period, seconds
   CACHEROUTE_TELEMETRY_CAPACITY (100000)    buffered arrivals before new ones are dropped
   CACHEROUTE_MAX_BATCH (10000)              RouteBatch requests per call
@@ -133,6 +135,8 @@ def add_dispatcher_flags(parser: argparse.ArgumentParser) -> None:
          help="seconds a request may be held while KV is full, 0 = never")
     flag(g, "--poll-interval", env="POLL_INTERVAL", default=0.25, type=float, help="replica poll period, seconds")
     flag(g, "--poll-timeout", env="POLL_TIMEOUT", default=0.2, type=float, help="deadline of each poll RPC, seconds")
+    flag(g, "--health-every", env="HEALTH_EVERY", default=1.0, type=float,
+         help="seconds between an HTTP engine's /health checks while its /metrics answers (0 = every poll)")
     flag(g, "--telemetry-interval", env="TELEMETRY_INTERVAL", default=0.5, type=float, help="arrival flush period, seconds")
     flag(g, "--telemetry-capacity", env="TELEMETRY_CAPACITY", default=100000, type=int, help="buffered arrivals")
     flag(g, "--max-batch", env="MAX_BATCH", default=10000, type=int, help="RouteBatch requests per call")
@@ -227,6 +231,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--key-blocks and --key-tokens must be >= 1")
     if not (0 < args.poll_timeout and 0 < args.poll_interval):
         raise ValueError("--poll-interval and --poll-timeout must be > 0")
+    if args.health_every < 0:
+        raise ValueError("--health-every must be >= 0")
     if not 0 < args.record_interval <= 60 or args.record_batch_max < 1:
         raise ValueError("--record-interval must be in (0, 60] seconds and --record-batch-max >= 1")
     if args.eject_after < 1 or not 0.0 <= args.max_ejected_fraction <= 1.0 or not args.connect_timeout > 0 \
@@ -267,7 +273,7 @@ def config_from_args(args: argparse.Namespace) -> DispatcherConfig:
         planner=args.planner, redis_url=args.redis, collector=args.collector,
         rules=KeyRules(blocks=args.key_blocks, tokens=args.key_tokens, max_batch=args.max_batch),
         cold=args.cold, prefix_nodes=bool(args.prefix_nodes), hold_limit=args.hold_limit, poll_interval=args.poll_interval,
-        poll_timeout=args.poll_timeout,
+        poll_timeout=args.poll_timeout, health_every=args.health_every,
         telemetry_interval=args.telemetry_interval, telemetry_capacity=args.telemetry_capacity,
         seed=args.seed if args.seed is None or args.worker_index is None else args.seed + args.worker_index,
         budget=budget, engine_kind=args.engine_kind, http=http, keyring=ring, engine_keys=keys,

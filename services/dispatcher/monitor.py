@@ -2,7 +2,8 @@
 
 Every `interval` seconds (default 0.25, so ~4×/s) each replica's backend is polled with a
 short deadline (default 0.2 s), concurrently (services.backends: grpc health + GetStats for
-the simulated engine, `GET /health` + `GET /metrics` for HTTP engines). A replica is healthy
+the simulated engine, `GET /metrics` + `GET /health` for HTTP engines, /health at most every
+--health-every seconds while /metrics answers: services.backends.http). A replica is healthy
 when the poll succeeds. A refused connection, an error or NOT_SERVING / a non-2xx /health
 takes it out of T(b) and P2C at once (the policy skips unhealthy replicas); a poll that only
 ran out of time counts once `timeouts_to_down` (default 2) polls in a row did, because a busy

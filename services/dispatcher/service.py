@@ -47,6 +47,7 @@ class DispatcherConfig:
     prefix_nodes: bool = False             # route by prefix nodes, token balance (policy cacheroute-prefix)
     poll_interval: float = 0.25
     poll_timeout: float = 0.2
+    health_every: float = 1.0              # seconds between an HTTP engine's /health while its /metrics answers
     telemetry_interval: float = 0.5
     telemetry_capacity: int = 100_000
     plan_backoff_max: float = 5.0
@@ -118,7 +119,7 @@ class DispatcherService:
         tls = config.server.tls
         def backend(replica_id: str, address: str):
             return make_backend(replica_id, address, config.engine_kind, tls=tls, keys=config.engine_keys,
-                                deadlines=config.http.deadlines)
+                                deadlines=config.http.deadlines, health_every=config.health_every)
 
         backends = [backend(r.id, r.address) for r in config.replicas]
         self.monitor = ReplicaMonitor(self.router, interval=config.poll_interval, timeout=config.poll_timeout, tls=tls,

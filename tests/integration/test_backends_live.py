@@ -73,6 +73,55 @@ def test_kind_openai_needs_only_health_and_a_failing_health_is_down():
     asyncio.run(main())
 
 
+def test_health_every_reads_metrics_alone_between_health_checks_and_never_trusts_a_missing_page():
+    """With health_every, a vllm replica's polls inside the window GET /metrics only; once the
+    window passes /health is asked again; a 503 /health is down and asked again at the next poll;
+    a /metrics that stops answering 200 inside the window is followed by /health at once."""
+    async def main():
+        hits = {"/health": 0, "/metrics": 0}
+        state = {"health": 200, "metrics": 200}
+        page = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.5\n"
+
+        async def health(request):
+            hits["/health"] += 1
+            return web.Response(status=state["health"], text="ok")
+
+        async def metrics(request):
+            hits["/metrics"] += 1
+            return web.Response(status=state["metrics"], text=page)
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_get("/metrics", metrics)
+        server = await start_http(app, "127.0.0.1", 0)
+        backend = make_backend("x", f"vllm+{server.url}", health_every=0.3)
+        try:
+            for _ in range(4):
+                assert (await backend.poll(1.0)).has_load
+            assert hits == {"/health": 1, "/metrics": 4}
+            await asyncio.sleep(0.35)
+            await backend.poll(1.0)
+            assert hits == {"/health": 2, "/metrics": 5}
+            state["health"] = 503
+            await asyncio.sleep(0.35)
+            for _ in range(2):                     # down, and asked again at the next poll
+                with pytest.raises(BackendDown):
+                    await backend.poll(1.0)
+            assert hits == {"/health": 4, "/metrics": 7}
+            state["health"] = 200
+            await backend.poll(1.0)                # back: the window starts again
+            state["metrics"] = 404
+            state["health"] = 503
+            with pytest.raises(BackendDown):       # no page inside the window: /health decides at once
+                await backend.poll(1.0)
+            assert hits == {"/health": 6, "/metrics": 9}
+        finally:
+            await backend.close()
+            await server.stop()
+
+    asyncio.run(main())
+
+
 def test_the_planners_health_checks_use_the_http_backends():
     async def main():
         fleet = await EngineFleet(2, time_scale=0.01, http=True).start()
