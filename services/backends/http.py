@@ -26,11 +26,10 @@ the dispatcher's in-flight count). Both requests run concurrently, on the replic
 keep-alive connections (services.backends.rawhttp, shared with its requests). With
 `health_every` > 0 (the dispatcher's --health-every, default 1 s) a poll whose /health is
 less than that old and came back 2xx reads /metrics alone: an answered /metrics page says
-the server is up, and /health comes again within the second (it was half of a peers-run
-dispatcher's idle polls, 4 engines at 4 polls a second; on SGLang /health also runs a
-generation). A /metrics that does not answer 200 in such a poll is followed by /health, so a
-replica never counts healthy on a page that says nothing. A failed /health is asked again at
-the next poll.
+the server is up, and /health comes again within the second (it was half of every poll's
+requests; docs/benchmarks.md "/health once a second while /metrics answers"). A /metrics that
+does not answer 200 in such a poll is followed by /health, so a replica never counts healthy
+on a page that says nothing. A failed /health is asked again at the next poll.
 """
 
 from __future__ import annotations
