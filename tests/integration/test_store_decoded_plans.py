@@ -112,9 +112,9 @@ def test_overlapping_version_calls_are_not_taken_for_a_lost_store(any_redis_url)
                 versions = got[:6]
                 assert len(set(versions)) == 6
                 for v in sorted(versions, reverse=True)[:2]:      # the newest first, then an older one
-                    newest = dataclasses.replace(first, version=v)
-                    await store.put_plan(newest)
-                assert await store.get_plan(newest.version) is newest   # kept: nothing was cleared
+                    written = dataclasses.replace(first, version=v)
+                    await store.put_plan(written)
+                assert await store.get_plan(written.version) is written   # kept: nothing was cleared
             assert resets == []
         finally:
             await store.close()
