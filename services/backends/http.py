@@ -101,8 +101,7 @@ class HttpBackend(Backend):
         self._healthy(status)
 
     def _healthy(self, status: int) -> None:
-        if not 200 <= status < 300:
-            self._health_until = 0.0
+        if not 200 <= status < 300:         # the window stays shut: /health again at the next poll
             raise BackendDown(f"/health answered {status}", answered=True)
         if self.health_every > 0:
             self._health_until = time.monotonic() + self.health_every
