@@ -41,6 +41,15 @@ def last_event_end(data: bytes) -> int:
     return max(ends) if ends else -1
 
 
+def ends_with_done(block: bytes) -> bool:
+    """Whether a relayed block's last line is the stream's `data: [DONE]` (any line ending)."""
+    end = block.rstrip(b"\r\n")
+    if not end.endswith(b"[DONE]"):
+        return False
+    line = end[max(end.rfind(b"\n"), end.rfind(b"\r")) + 1:]
+    return line.startswith(b"data:") and line[5:].strip() == b"[DONE]"
+
+
 def has_usage(data: bytes) -> bool:
     return b'"usage":{' in data or b'"usage": {' in data      # not the `"usage":null` of every chunk
 

@@ -86,6 +86,7 @@ from prometheus_client import CollectorRegistry, Counter
 from services.http import oai
 from services.auth import AuthError, KeyRing, bearer
 from services.backends.base import ApiCall, Backend, Deadlines, EngineError
+from services.backends.relay import ends_with_done
 from services.core import routing
 from services.dispatcher.budget import http_caller
 from services.dispatcher.dispatch import Dispatcher, Job, Served, completing, http_error
@@ -293,33 +294,53 @@ class FrontDoor:
         resp = web.StreamResponse(status=reply.status, headers={"content-type": reply.content_type,
                                                                 "cache-control": "no-cache", **headers})
         await resp.prepare(request)
+        held = b""      # a block ending in `data: [DONE]`: written with the body's end (below)
         try:
             async for block in reply.events:
-                await self._to_client(request, resp, block)
+                if held:
+                    await self._to_client(request, resp, held)
+                    held = b""
+                if ends_with_done(block):
+                    held = block
+                else:
+                    await self._to_client(request, resp, block)
+            # The last block and the chunked body's end in one write: a client that stops
+            # reading at [DONE] (aiohttp's, bench/peers.py's) then holds a finished response
+            # and keeps the connection, instead of closing it and opening a new one for its
+            # next request (an accept and a fresh connection handler per request here).
+            await self._to_client(request, resp, held, last=True)
+            served.finish(reply.usage)
         except _ClientGone as gone:     # the client's side broke or stalled: not the engine's failure (issue 20)
             served.client_gone(str(gone))
             return resp
         except EngineError as error:
             served.failed(error)
             mapped = http_error(error)
+            if held:
+                try:
+                    await self._to_client(request, resp, held)
+                except _ClientGone:
+                    return resp
             await _stream_error(resp, str(mapped), mapped.type, mapped.status)
             return resp
-        served.finish(reply.usage)
-        await resp.write_eof()
         return resp
 
-    async def _to_client(self, request: web.Request, resp: web.StreamResponse, data: bytes) -> None:
+    async def _to_client(self, request: web.Request, resp: web.StreamResponse, data: bytes,
+                         last: bool = False) -> None:
+        """Write one relayed block (`last`: with the end of the body); _ClientGone if the client's
+        side broke or stalled for the write timeout."""
         transport = request.transport
+        write = resp.write_eof if last else resp.write
         try:
             # A write waits only while the transport is paused (its buffer past the high-water
             # mark): when it is not, and this block cannot push it there, the write cannot block
             # and needs no deadline (a timer armed and cancelled per relayed block otherwise).
             if transport is not None and not request.protocol.writing_paused and \
                     transport.get_write_buffer_size() + len(data) + WRITE_MARGIN < transport.get_write_buffer_limits()[1]:
-                await resp.write(data)
+                await write(data)
                 return
             async with asyncio.timeout(self.config.client_write_timeout):
-                await resp.write(data)
+                await write(data)
         except TimeoutError:
             if request.transport is not None:
                 request.transport.abort()       # drop the client; closing the Reply cancels the engine request

@@ -10,6 +10,7 @@
   garbage  an SSE stream of bytes that are not events
   close    one event, then the connection is aborted mid-stream
   slow     the stream, one event every `slow_seconds`
+`end_pause` seconds pass between a stream's [DONE] and the end of its body (0: none).
 `framing` ("lf", "crlf" or "cr") picks the blank line that ends each event of stream and slow.
 `/health` answers 200 unless `healthy` is False (then 503) or `hang_health` is True (never). `served` counts completions,
 `open_streams` the streams being written now, `aborted` the streams whose reader went away before their end.
@@ -44,6 +45,7 @@ class FakeEngine:
     def __init__(self, mode: str = "ok", *, events: int = 20, chunk_bytes: int = 64, slow_seconds: float = 0.2) -> None:
         self.mode, self.events, self.chunk_bytes, self.slow_seconds = mode, events, chunk_bytes, slow_seconds
         self.framing = "lf"
+        self.end_pause = 0.0
         self.healthy = True
         self.hang_health = False       # /health never answers
         self.served = 0
@@ -139,5 +141,7 @@ class FakeEngine:
         usage = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
                  "usage": USAGE}
         await resp.write(b"data: " + orjson.dumps(usage) + sep + b"data: [DONE]" + sep)
+        if self.end_pause:
+            await asyncio.sleep(self.end_pause)
         await resp.write_eof()
         return resp

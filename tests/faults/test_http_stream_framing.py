@@ -122,3 +122,36 @@ def test_chunks_cut_inside_events_reach_the_client_unchanged_and_usage_is_found(
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_the_done_event_and_the_end_of_the_body_arrive_together():
+    """A client that stops reading at `data: [DONE]` (aiohttp's, bench/peers.py's) holds a finished
+    response, so it keeps its connection: the block with [DONE] and the chunked body's end are one
+    write. On the old code the end came in a write of its own, after the engine's own end (here
+    0.2 s after its [DONE])."""
+    async def main():
+        engine = await FakeEngine("stream", events=3, chunk_bytes=16).start()
+        engine.end_pause = 0.2
+        service = await serve(_one_engine(engine.url))
+        try:
+            await wait_until(lambda: all(service.router.state.healthy), timeout=5)
+            host, port = service.http_url.removeprefix("http://").rsplit(":", 1)
+            body = orjson.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+            reader, writer = await asyncio.open_connection(host, int(port))
+            for _ in range(2):          # the second request rides the same connection
+                writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                got = b""
+                while b"[DONE]" not in got:
+                    data = await asyncio.wait_for(reader.read(65536), 5)
+                    assert data, got
+                    got += data
+                assert got.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in got.lower(), got[:300]
+                # what one read brought with [DONE] ends the body: nothing is left to come
+                assert got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), got[-80:]
+            writer.close()
+        finally:
+            await service.stop()
+            await engine.stop()
+
+    asyncio.run(main())
