@@ -1,7 +1,8 @@
 """The bytes of an HTTP engine's answer, relayed unchanged: SSE event alignment and usage.
 
 A stream is relayed as the engine's network chunks arrive, each passed on unchanged in one
-block, wherever its boundaries fall (one client write per engine read). The usage figures
+block, wherever its boundaries fall (one client write per engine read; the block
+ending in `data: [DONE]` goes out with the body's end, services.dispatcher.http). The usage figures
 are found by scanning the bytes: the events completed so far (a blank line with any of the
 spec's line endings ends one: LF, CRLF or CR) are parsed only if they contain a `"usage": {`
 object (the `"usage":null` of every chunk is skipped by a byte test), a partial event is

@@ -14,7 +14,10 @@ written to the client here:
 - HTTP kinds (vllm, sglang, llamacpp, openai): the body is forwarded unchanged and the
   engine's status, content type and body bytes come back unchanged, streamed for SSE as the
   engine's chunks arrive, one client write each (events framed with LF, CRLF or CR blank
-  lines, as the SSE spec allows; services.backends.relay). One exception, for cache telemetry: a stream whose client did not set
+  lines, as the SSE spec allows; services.backends.relay), except that a chunk ending in
+  `data: [DONE]` waits for the engine's end of body and goes out with the chunked end in one
+  write (a client that stops reading at [DONE] then keeps its connection; an engine that
+  stalls after its [DONE] holds it back until `upstream_timeout`). One exception, for cache telemetry: a stream whose client did not set
   `stream_options.include_usage` is sent with it set, and the engine's final usage chunk
   (`"choices": []`) is dropped before it reaches the client. Usage figures go to
   services.dispatcher.cachestats.
