@@ -180,13 +180,16 @@ class Sweep:
         await self.measure(f"{rate:g} req/s", name, work)
 
 
-def profiler(args, pid: int, kind: str) -> subprocess.Popen | None:
-    """`--spy` (py-spy, idle and loaded) or `--perf` (perf, loaded blocks) on this tree's dispatcher."""
-    if kind == "spy" and args.spy:
+def profiler(args, pid: int, phase: str) -> subprocess.Popen | None:
+    """The tool for `phase` on this tree's dispatcher: from "idle" on, `--spy` (py-spy); from "loaded"
+    on, `--perf` (perf) or `--strace` (syscall counts)."""
+    if phase == "idle" and args.spy:
         cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-r", "200", "-f", "raw",
                "-o", args.spy, "--threads", *(["--native"] if args.native else ["--gil"])]
-    elif kind == "perf" and args.perf:
+    elif phase == "loaded" and args.perf:
         cmd = ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", args.perf]
+    elif phase == "loaded" and args.strace:
+        cmd = ["strace", "-c", "-f", "-p", str(pid), "-o", args.strace]
     else:
         return None
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -214,9 +217,9 @@ async def run(args) -> dict:
         for name in trees:   # warm: connections, key memo, the first plan
             await replay(urls[name] + "/v1/chat/completions", schedule(8.0, 3.0, args.seed + 99, model))
         sweep = Sweep(procs, urls)
-        tools.append(profiler(args, procs["after"].pid, "spy"))
+        tools.append(profiler(args, procs["after"].pid, "idle"))
         await sweep.idle(args.idle)
-        tools.append(profiler(args, procs["after"].pid, "perf"))
+        tools.append(profiler(args, procs["after"].pid, "loaded"))
         k = 0
         for rep in range(args.repeats):
             for rate in args.rates:
@@ -280,6 +283,8 @@ if __name__ == "__main__":
     parser.add_argument("--spy", help="py-spy record this tree's dispatcher (idle and loaded blocks), raw stacks to FILE")
     parser.add_argument("--native", action="store_true", help="with --spy: native frames too")
     parser.add_argument("--perf", help="perf record -g this tree's dispatcher over the loaded blocks, to FILE")
+    parser.add_argument("--strace", help="strace -c -f this tree's dispatcher over the loaded blocks (syscall counts, "
+                        "e.g. accept4 per request), to FILE; not with --perf")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = asyncio.run(run(args))

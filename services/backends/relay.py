@@ -44,6 +44,8 @@ def last_event_end(data: bytes) -> int:
 
 def ends_with_done(block: bytes) -> bool:
     """Whether a relayed block's last line is the stream's `data: [DONE]` (any line ending)."""
+    if b"[DONE]" not in block[-16:]:    # every other block, without copying it (rstrip would)
+        return False
     end = block.rstrip(b"\r\n")
     if not end.endswith(b"[DONE]"):
         return False
