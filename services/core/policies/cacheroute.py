@@ -65,6 +65,21 @@ leave the home only when its queued prefill exceeds one engine step (`spill_back
 rule's threshold; below it the home starts the prefill next step anyway); measured, it undid the
 drift gain (p99 0.99 -> 1.50 s at 24 req/s): the gain is in leaving before a backlog builds.
 
+Warm spill (`warm_spill`, default "over"; issue 23): a planned request over the in-flight bound
+first goes to the least-loaded healthy replica that the same record says holds its *whole*
+reusable prefix, if that replica is less loaded than the member and within the bound. That spill
+re-prefills nothing, so `_pays` does not apply; the ring spill and `_pays` decide only when no
+replica is warm. Half a prefix is not warm (a shared system prompt is everywhere). Same gate as the
+cold-home rule (`cold_share`). Why: near the knee the plan's packing leaves some replicas over the
+mean (K = 256 at 300 QPS: 1.17x predicted), the guard let them reach 1.25x in flight, past the
+engine's 256 running slots, and `_pays` (which counts queued prefill, not a full batch) kept the
+requests there: p99 1.96 s against SGLang's 0.26, which moves them to warm replicas as its tree
+match and load tie-break do. Measured (docs/experiments.md, "Warm spill"; rule written first in
+experiments/results/warmspill/RULE.md): K = 256 @300 p99 1.96 / 0.46 / 2.02 -> 0.51 / 0.28 / 0.38 s
+(seeds 0-2), hit +0.2-0.3 points; flagship and engine-bound tenants unchanged. "always" (on every
+planned pick, not only over the bound) gave K = 256 0.28 s but +21% p99 at 24 req/s on the
+tenants point with the HTTP API's key record; None turns it off.
+
 Knobs: `cold` = "chwbl" (default: the session-aware cold tail, consistent hashing with
 bounded loads, so a recurring cold key tends to return to the replica that has its prefix;
 its bound has the same `spill_floor` as the planned path, see `_cold`)
@@ -102,6 +117,7 @@ from services.core.policies._caches import BlockLRU, Handover, KeyLRU
 from services.core.policies._common import Ring, least_loaded, p2c
 from services.core.policy import ClusterState, NoHealthyReplica, Pick, Reason
 from services.core.policies._prefix_rules import PrefixRules
+from services.core.policies._record_rules import SHARE_MIN, RecordRules
 from services.core.prefixes import NODE_DEPTHS, parse_node_name
 from services.core.request import BLOCK_TOKENS, Request
 from services.core.table import ColumnarTable
@@ -117,7 +133,6 @@ HOLD = False
 COLD_HOME = "index"
 COLD_SHARE = True       # the cold-home rule's gates (module header); chosen by docs/experiments.md
 COLD_BACKLOG = False    # "Cold-home rule in a tier" (B lost the drift point's p99 gain: off)
-SHARE_MIN = 0.75        # alone (1) vs one of two (0.5): the midpoint (module header)
 # a first-sight key whose ring owner is over the mean: "two" = the lighter of its first two ring
 # replicas; "least" = the least-loaded healthy replica (SGLang cache_aware's no-match rule), measured
 # in docs/experiments.md "Issue 23 simulator goals, status" (not better: off)
@@ -129,6 +144,8 @@ COLD_HOMES = (None, "index", "keys", "oracle")
 # (before 2026-12-06); docs/experiments.md "The cold-home rule and never-seen keys"
 COLD_FRESHES = ("home", "move")
 COLD_FRESH = "home"
+WARM_SPILLS = (None, "over", "always")
+WARM_SPILL = "over"
 
 
 def _check_members(table: Mapping[str, tuple[int, ...]], replicas: int) -> None:
@@ -149,7 +166,7 @@ def _check_members(table: Mapping[str, tuple[int, ...]], replicas: int) -> None:
             raise ValueError(f"plan maps key {key!r} to {members}, outside 0..{replicas - 1}")
 
 
-class CacheRoutePolicy(PrefixRules):
+class CacheRoutePolicy(PrefixRules, RecordRules):
     name = "cacheroute"
 
     def __init__(self, replicas: int, *, rng: random.Random, cold: str = DEFAULT_COLD_TAIL,
@@ -159,9 +176,14 @@ class CacheRoutePolicy(PrefixRules):
                  spill_backlog: int = SPILL_BACKLOG, memory_keys: int = MEMORY_KEYS, hold: bool = HOLD,
                  hold_backlog: int | None = None, hold_spill: bool = True, cold_home: str | None = COLD_HOME,
                  first_sight: str = FIRST_SIGHT, cold_share: bool = COLD_SHARE,
-                 cold_backlog: bool = COLD_BACKLOG, cold_fresh: str = COLD_FRESH):
+                 cold_backlog: bool = COLD_BACKLOG, cold_fresh: str = COLD_FRESH,
+                 warm_spill: str | None = WARM_SPILL):
         if cold not in COLD_TAILS:
             raise ValueError(f"unknown cold-tail policy {cold!r}; valid: {', '.join(COLD_TAILS)}")
+        for name, value, valid in (("cold_home", cold_home, COLD_HOMES), ("cold_fresh", cold_fresh, COLD_FRESHES),
+                                   ("first_sight", first_sight, FIRST_SIGHTS), ("warm_spill", warm_spill, WARM_SPILLS)):
+            if value not in valid:
+                raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(map(str, valid))}")
         if balance_factor is not None and not (1.0 <= balance_factor < math.inf):
             raise ValueError(f"balance_factor must be a finite number >= 1, or None (guard off), "
                              f"got {balance_factor!r}")
@@ -179,17 +201,12 @@ class CacheRoutePolicy(PrefixRules):
         self.hold = hold
         self.hold_backlog = hold_backlog
         self.hold_spill = hold_spill
-        if cold_home not in COLD_HOMES:
-            raise ValueError(f"unknown cold_home {cold_home!r}; valid: {', '.join(map(str, COLD_HOMES))}")
         self.cold_home = cold_home
         self.cold_share = cold_share
         self.cold_backlog = cold_backlog
-        if cold_fresh not in COLD_FRESHES:
-            raise ValueError(f"unknown cold_fresh {cold_fresh!r}; valid: {', '.join(COLD_FRESHES)}")
         self.cold_fresh = cold_fresh
-        if first_sight not in FIRST_SIGHTS:
-            raise ValueError(f"unknown first_sight {first_sight!r}; valid: {', '.join(FIRST_SIGHTS)}")
         self.first_sight = first_sight
+        self.warm_spill = warm_spill
         self._index: BlockLRU | KeyLRU | None = None   # what this policy routed to each replica (cold_home)
         self._seen: dict[str, int] = {}          # key -> replica of its latest request (two generations)
         self._seen_old: dict[str, int] = {}
@@ -309,78 +326,16 @@ class CacheRoutePolicy(PrefixRules):
         live = healthy.count(True)
         total = sum(load) if live == len(load) else sum(compress(load, healthy))
         bound = max(self.spill_floor, math.ceil(c * (total + 1) / live))
+        if self.warm_spill is not None and (self.warm_spill == "always" or load[best] + 1 > bound):
+            warm = self._warm_other(request, best, members, state, bound)
+            if warm is not None:
+                return warm
         if load[best] + 1 <= bound:
             return Pick(self._remember(request.key, best), Reason.PLANNED)
         target = self._spill(request.key, state, bound)
         if not self._pays(best, target, request, state):
             return Pick(self._remember(request.key, best), Reason.PLANNED)
         return Pick(self._remember(request.key, target), Reason.FALLBACK)
-
-    def _off_cold_home(self, request: Request, best: int, members, state: ClusterState) -> Pick | None:
-        """The planned member does not hold the request's prefix (evicted): its prefill costs the
-        same anywhere, so go where the prefix is cached among the key's members and first two ring
-        replicas, else to the one of them with the least queued prefill. None: home holds it, or a
-        gate of the module header (`cold_share`, `cold_backlog`) says the rule may not act."""
-        holds = self._holds(request, state)      # first: it builds the record pick() keeps
-        if holds is None or (self.cold_share and state.share < SHARE_MIN) or \
-                (self.cold_backlog and state.prefill_tokens[best] <= self.spill_backlog) or holds(best):
-            return None
-        index = self._index
-        if index is not None and not index.full[best]:
-            return None     # this record has evicted nothing there yet: absence is not eviction
-        healthy = state.healthy
-        cands = [m for m in members if healthy[m]]
-        for r in self._spill_ring.walk(request.key):
-            if healthy[r] and r not in cands:
-                cands.append(r)
-                if len(cands) >= len(members) + 2:
-                    break
-        warm = [r for r in cands if holds(r)]
-        if not warm and self.cold_fresh == "home" and self.remembered(request.key) is None:
-            return None     # never seen, held nowhere: a first sight, which the plan placed
-        backlog, load = state.prefill_tokens, state.in_flight
-        pool = warm or cands
-        pick = min(pool, key=lambda r: (backlog[r], load[r], r != best))
-        if pick == best:
-            return Pick(self._remember(request.key, best), Reason.PLANNED)
-        return Pick(self._remember(request.key, pick), Reason.FALLBACK)
-
-    def _holds(self, request: Request, state: ClusterState):
-        """replica -> whether it still caches at least half of the request's reusable prefix, for
-        `_off_cold_home`: by the engines' exact caches ("oracle", when the state has them), else by
-        this policy's record of what it routed to each replica, an LRU the size of the smallest
-        replica's KV pool: of block hashes ("index", `BlockLRU`) or of keys weighted by their
-        prompt tokens ("keys", `KeyLRU`: what "index" keeps when the first request it records
-        carries no block hashes, as the HTTP API's do not). None when it cannot tell (no pool size
-        known)."""
-        mode = self.cold_home
-        if mode == "index":
-            kind = type(self._index) if self._index is not None else BlockLRU if request.blocks else KeyLRU
-            mode = "keys" if kind is KeyLRU else mode
-        if mode == "keys":
-            if request.prompt_tokens < BLOCK_TOKENS:
-                return None     # under one block: nothing an engine caches, so nothing to go after
-            index = self._lru(state, KeyLRU)
-            return None if index is None else (lambda r: index.holds(r, request.key))
-        pre = request.prefix_tokens // BLOCK_TOKENS
-        if pre < 1 or len(request.blocks) < pre:
-            return None
-        blocks, half = request.blocks[:pre], (pre + 1) // 2
-        match = state.prefix_match if mode == "oracle" else None
-        if match is None:
-            index = self._lru(state, BlockLRU)
-            if index is None:
-                return None
-            match = index.match
-        return lambda r: match(r, blocks) >= half
-
-    def _lru(self, state: ClusterState, kind):
-        if self._index is None:
-            pools = [b for b in state.kv_blocks if b > 0]
-            if len(pools) < len(state.kv_blocks) or not pools:
-                return None
-            self._index = kind(self.replicas, min(pools))
-        return self._index
 
     def _room(self, r: int, request: Request, state: ClusterState, seen: int | None) -> bool:
         """Whether replica r takes `request` without overcommitting its KV (the hold rule of the
