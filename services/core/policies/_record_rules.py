@@ -47,8 +47,10 @@ class RecordRules:
         return Pick(self._remember(request.key, pick), Reason.FALLBACK)
 
     def _warm_other(self, request: Request, best: int, members, state: ClusterState, bound: int) -> Pick | None:
-        """A replica other than `best` that holds the request's prefix (this policy's record), is
-        less loaded than `best` and within the bound: the least loaded such. None if none."""
+        """The warm spill (cacheroute.py's module header): the least-loaded healthy replica other than
+        `best` that this policy's record says holds the request's whole reusable prefix, has fewer
+        requests in flight than `best` and is within `bound`; PLANNED if it is one of the key's
+        members, else FALLBACK. None if there is none, or in a tier without the bus (`cold_share`)."""
         if self.cold_share and state.share < SHARE_MIN:
             return None
         holds = self._holds(request, state, whole=True)
@@ -64,13 +66,13 @@ class RecordRules:
         return Pick(self._remember(request.key, pick), Reason.PLANNED if pick in members else Reason.FALLBACK)
 
     def _holds(self, request: Request, state: ClusterState, whole: bool = False):
-        """replica -> whether it still caches at least half of the request's reusable prefix, for
-        `_off_cold_home`: by the engines' exact caches ("oracle", when the state has them), else by
-        this policy's record of what it routed to each replica, an LRU the size of the smallest
-        replica's KV pool: of block hashes ("index", `BlockLRU`) or of keys weighted by their
-        prompt tokens ("keys", `KeyLRU`: what "index" keeps when the first request it records
-        carries no block hashes, as the HTTP API's do not). None when it cannot tell (no pool size
-        known)."""
+        """replica -> whether it still caches at least half of the request's reusable prefix (for
+        `_off_cold_home`), or all of it (`whole`, for `_warm_other`): by the engines' exact caches
+        ("oracle", when the state has them), else by this policy's record of what it routed to each
+        replica, an LRU the size of the smallest replica's KV pool: of block hashes ("index",
+        `BlockLRU`) or of keys weighted by their prompt tokens ("keys", `KeyLRU`: what "index" keeps
+        when the first request it records carries no block hashes, as the HTTP API's do not; a key
+        is held whole or not at all). None when it cannot tell (no pool size known)."""
         mode = self.cold_home
         if mode == "index":
             kind = type(self._index) if self._index is not None else BlockLRU if request.blocks else KeyLRU
